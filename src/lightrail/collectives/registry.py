@@ -1,0 +1,101 @@
+"""Registry of collective algorithms by (kind, name), the way a collective library selects one.
+
+Each entry records what it needs (``supports(n)``), how many steps it takes and a one-line
+summary; ``lightrail algorithms`` prints them. The registry refuses duplicate names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lightrail.collectives.collective import Kind
+from lightrail.collectives.schedule import Schedule
+from lightrail.errors import UnsupportedError
+
+__all__ = ["Algorithm", "register", "algorithms", "get", "generate", "kinds"]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered generator ``build(n, **params) -> Schedule``."""
+
+    kind: Kind
+    name: str
+    build: Callable[..., Schedule]
+    summary: str
+    steps: str
+    supports: Callable[[int], bool]
+
+    def __call__(self, n: int, **params) -> Schedule:
+        if n < 2 or not self.supports(n):
+            raise UnsupportedError(f"{self.kind} {self.name} does not support {n} ranks", field="ranks",
+                                   fix="use 2 or more ranks")
+        return self.build(n, **params)
+
+
+_REGISTRY: dict[tuple[Kind, str], Algorithm] = {}
+
+
+def register(kind: Kind | str, name: str, *, summary: str, steps: str,
+             supports: Callable[[int], bool] = lambda n: n >= 2):
+    """Decorator: register ``fn(n, **params) -> Schedule`` as algorithm ``name`` of ``kind``."""
+
+    def wrap(fn):
+        key = (Kind(kind), name)
+        if key in _REGISTRY:
+            raise ValueError(f"algorithm {name!r} is already registered for {kind}")
+        _REGISTRY[key] = Algorithm(Kind(kind), name, fn, summary, steps, supports)
+        return fn
+
+    return wrap
+
+
+def _load() -> None:
+    # Importing the generator modules fills the registry (each registers itself).
+    from lightrail.collectives import (  # noqa: F401
+        alltoall,
+        bruck,
+        direct,
+        doubling,
+        hierarchical,
+        ring,
+        tree,
+    )
+
+
+def kinds() -> list[Kind]:
+    return list(Kind)
+
+
+def algorithms(kind: Kind | str | None = None) -> list[Algorithm]:
+    """Registered algorithms, optionally of one kind, in (kind, name) order."""
+    _load()
+    chosen = [a for (k, _), a in _REGISTRY.items() if kind is None or k == Kind(kind)]
+    return sorted(chosen, key=lambda a: (list(Kind).index(a.kind), a.name))
+
+
+def _parse_kind(kind: Kind | str) -> Kind:
+    text = str(kind).lower().replace("-", "").replace("_", "")
+    try:
+        return Kind(text)
+    except ValueError:
+        raise UnsupportedError(f"unknown collective {kind!r}", field="op",
+                               fix="use one of " + ", ".join(k.value for k in Kind)) from None
+
+
+def get(kind: Kind | str, name: str) -> Algorithm:
+    """The algorithm ``name`` of ``kind``; the error lists the names that exist."""
+    kind = _parse_kind(kind)
+    _load()
+    try:
+        return _REGISTRY[(kind, name)]
+    except KeyError:
+        names = ", ".join(a.name for a in algorithms(kind))
+        raise UnsupportedError(f"no {kind} algorithm named {name!r}", field="algo",
+                               fix=f"use one of {names}") from None
+
+
+def generate(kind: Kind | str, name: str, n: int, **params) -> Schedule:
+    """Build the schedule of algorithm ``name`` for collective ``kind`` on ``n`` ranks."""
+    return get(kind, name)(n, **params)
