@@ -1,0 +1,233 @@
+"""Topology builders: each returns a :class:`Topology` with its closed-form hop distance.
+
+Endpoints (GPUs) are nodes ``0 .. n-1`` in every builder, so rank r sits on GPU r.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from lightrail.errors import InfeasibleError, UnsupportedError
+from lightrail.fabric.circuits import check_partial_permutation
+from lightrail.fabric.topology import NodeKind, Topology
+
+__all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "square_shape",
+           "NVLINK_BANDWIDTH", "NIC_BANDWIDTH"]
+
+# H100/H200 HGX: NVLink 4 gives 900 GB/s per GPU bidirectional, i.e. 450 GB/s each way
+# (NVIDIA H100 datasheet); one ConnectX-7 400 Gb/s NIC per GPU (DESIGN.md "Defaults").
+NVLINK_BANDWIDTH = 450e9
+NIC_BANDWIDTH = 400e9 / 8
+
+
+def _check_n(n: int, field: str = "ranks") -> None:
+    if n < 2:
+        raise UnsupportedError(f"{n} GPUs is too few", field=field, fix="use 2 or more")
+
+
+def _bidirectional(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.concatenate([a, b]).astype(np.int32), np.concatenate([b, a]).astype(np.int32)
+
+
+def _build(name, kinds, src, dst, bandwidth, latency, hops_fn, **meta) -> Topology:
+    bandwidth = np.broadcast_to(np.asarray(bandwidth, float), src.shape).copy()
+    return Topology(name, int(np.sum(kinds == NodeKind.GPU)), kinds, src, dst, bandwidth,
+                    np.full(len(src), float(latency)), hops_fn, meta)
+
+
+def switch(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> Topology:
+    """n GPUs on one non-blocking electrical packet switch (each GPU: one up and one down link)."""
+    _check_n(n)
+    kinds = np.array([NodeKind.GPU] * n + [NodeKind.EPS])
+    src, dst = _bidirectional(np.arange(n), np.full(n, n))
+
+    def hops(u, v):
+        return np.where(u == v, 0, np.where((u == n) | (v == n), 1, 2))
+
+    return _build(f"switch(n={n})", kinds, src, dst, bandwidth, latency, hops)
+
+
+def ring(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> Topology:
+    """Bidirectional ring: GPU i links to i+1 and i-1 (one link each way per neighbour)."""
+    _check_n(n)
+    i = np.arange(n if n > 2 else 1)
+    src, dst = _bidirectional(i, (i + 1) % n)
+
+    def hops(u, v):
+        d = np.abs(u - v)
+        return np.minimum(d, n - d)
+
+    return _build(f"ring(n={n})", np.full(n, NodeKind.GPU), src, dst, bandwidth, latency, hops)
+
+
+def square_shape(n: int, dims: int) -> tuple[int, ...]:
+    """The most nearly cubic ``dims``-dimensional shape with product n (larger sides first)."""
+    best: tuple[int, ...] | None = None
+
+    def search(rest: int, left: int, lo: int, acc: tuple[int, ...]):
+        nonlocal best
+        if left == 1:
+            if rest >= lo:
+                cand = tuple(sorted(acc + (rest,), reverse=True))
+                if best is None or cand[0] - cand[-1] < best[0] - best[-1]:
+                    best = cand
+            return
+        f = lo
+        while f ** left <= rest:
+            if rest % f == 0:
+                search(rest // f, left - 1, f, acc + (f,))
+            f += 1
+
+    search(n, dims, 1, ())
+    assert best is not None  # (n, 1, ..., 1) always qualifies
+    return best
+
+
+def torus(shape: tuple[int, ...], *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> Topology:
+    """A k-dimensional torus (2D, 3D, ...): each GPU links to both neighbours in every dimension."""
+    shape = tuple(int(s) for s in shape)
+    n = prod(shape)
+    _check_n(n)
+    if any(s < 1 for s in shape):
+        raise InfeasibleError(f"torus sides must be positive, got {shape}", field="shape")
+    coords = np.array(np.unravel_index(np.arange(n), shape))
+    a, b = [], []
+    for d, side in enumerate(shape):
+        if side < 2:
+            continue
+        plus = coords.copy()
+        plus[d] = (plus[d] + 1) % side
+        nxt = np.ravel_multi_index(plus, shape)
+        keep = np.ones(n, bool) if side > 2 else coords[d] == 0  # side 2: one link pair, not two
+        a.append(np.arange(n)[keep])
+        b.append(nxt[keep])
+    src, dst = _bidirectional(np.concatenate(a), np.concatenate(b))
+    sides = np.array(shape)[:, None]
+
+    def hops(u, v):
+        cu = np.array(np.unravel_index(np.ravel(u), shape))
+        cv = np.array(np.unravel_index(np.ravel(v), shape))
+        d = np.abs(cu - cv)
+        return np.minimum(d, sides - d).sum(axis=0).reshape(np.shape(u))
+
+    name = f"torus({'x'.join(map(str, shape))})"
+    return _build(name, np.full(n, NodeKind.GPU), src, dst, bandwidth, latency, hops, shape=shape)
+
+
+def fat_tree(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0, hosts_per_leaf: int = 32,
+             oversubscription: float = 1.0) -> Topology:
+    """Two-tier leaf-spine fat-tree; leaves have ``hosts_per_leaf * B / oversubscription`` uplink capacity.
+
+    Every leaf links to every spine; spines = round(hosts_per_leaf / oversubscription) with the
+    uplink bandwidth scaled so the ratio is exact. ECMP spreads inter-leaf traffic over all spines.
+    """
+    _check_n(n)
+    if oversubscription < 1:
+        raise InfeasibleError(f"oversubscription {oversubscription} is below 1", field="oversubscription",
+                              fix="use 1 for a non-blocking tree, 2 or 3 for 2:1 or 3:1")
+    k = min(hosts_per_leaf, n)
+    leaves = -(-n // k)
+    spines = max(1, round(k / oversubscription)) if leaves > 1 else 0
+    up_bw = k * bandwidth / oversubscription / max(spines, 1)
+    gpu = np.arange(n)
+    leaf = n + gpu // k
+    kinds = np.array([NodeKind.GPU] * n + [NodeKind.EPS] * (leaves + spines))
+    ls = np.repeat(np.arange(leaves), spines) + n
+    sp_ = np.tile(np.arange(spines), leaves) + n + leaves
+    s1, d1 = _bidirectional(gpu, leaf)
+    s2, d2 = _bidirectional(ls, sp_)
+    src, dst = np.concatenate([s1, s2]), np.concatenate([d1, d2])
+    bw = np.concatenate([np.full(len(s1), bandwidth), np.full(len(s2), up_bw)])
+    first_spine = n + leaves
+
+    def level(x):  # 0 GPU, 1 leaf, 2 spine; and the leaf a GPU or leaf sits under
+        lv = np.where(x < n, 0, np.where(x < first_spine, 1, 2))
+        under = np.where(x < n, x // k, x - n)
+        return lv, under
+
+    def hops(u, v):
+        lu, au = level(u)
+        lv, av = level(v)
+        same = u == v
+        up = np.where(lu == 2, 0, 2 - lu)  # hops from u up to spine level
+        down = np.where(lv == 2, 0, 2 - lv)
+        via_spine = up + down
+        if spines == 0:
+            via_spine = np.full(np.shape(u), 10**6)
+        via_spine = np.where((lu == 2) & (lv == 2), 2, via_spine)  # spine to spine through a leaf
+        shared_leaf = (lu < 2) & (lv < 2) & (au == av)
+        below = (1 - lu) + (1 - lv)  # GPU-GPU under one leaf: 2, GPU-leaf: 1
+        return np.where(same, 0, np.where(shared_leaf, below, via_spine))
+
+    return _build(f"fat_tree(n={n},k={k},over={oversubscription:g})", kinds, src, dst, bw, latency, hops,
+                  hosts_per_leaf=k, oversubscription=oversubscription)
+
+
+def rails(n: int, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWIDTH,
+          nvlink_bandwidth: float = NVLINK_BANDWIDTH, latency: float = 0.0) -> Topology:
+    """Rail-optimized cluster: servers of g GPUs on an NVLink switch; GPU i of every server on rail i.
+
+    GPU ``r`` is on server ``r // g`` and rail ``r % g``. Each rail is one non-blocking electrical
+    switch. Traffic between rails crosses NVLink to the GPU on the right rail first (PXN).
+    """
+    _check_n(n)
+    g = gpus_per_server
+    if g < 1 or (n > g and n % g):
+        raise InfeasibleError(f"{n} GPUs do not fill servers of {g}", field="ranks",
+                              fix=f"use a multiple of --gpus-per-server ({g}) or at most {g} GPUs")
+    g = min(g, n)
+    servers = n // g
+    gpu = np.arange(n)
+    nvs = n + gpu // g
+    rail = n + servers + gpu % g
+    kinds = np.array([NodeKind.GPU] * n + [NodeKind.NVSWITCH] * servers + [NodeKind.EPS] * (g if servers > 1 else 0))
+    s1, d1 = _bidirectional(gpu, nvs)
+    s2, d2 = _bidirectional(gpu, rail) if servers > 1 else (np.zeros(0, np.int32),) * 2
+    src, dst = np.concatenate([s1, s2]), np.concatenate([d1, d2])
+    bw = np.concatenate([np.full(len(s1), nvlink_bandwidth), np.full(len(s2), nic_bandwidth)])
+    first_rail = n + servers
+
+    def coords(x):  # kind (0 GPU, 1 NVSwitch, 2 rail), server (-1 for a rail), rail (-1 for an NVSwitch)
+        kind = np.where(x < n, 0, np.where(x < first_rail, 1, 2))
+        server = np.where(kind == 0, x // g, np.where(kind == 1, x - n, -1))
+        rail_ = np.where(kind == 0, x % g, np.where(kind == 2, x - first_rail, -1))
+        return kind, server, rail_
+
+    # Shortest hop counts by kind pair when server and rail both differ (PXN detours cost 2 hops).
+    far = np.array([[4, 3, 3], [3, 4, 2], [3, 2, 4]])
+
+    def hops(u, v):
+        ku, su, ru = coords(u)
+        kv, sv, rv = coords(v)
+        same_server = (su >= 0) & (su == sv)
+        same_rail = (ru >= 0) & (ru == rv)
+        near = (ku == 0) | (kv == 0)  # a GPU shares a switch with its own server's NVSwitch and its rail
+        one_switch = np.where((ku == 0) & (kv == 0), 2, 1)
+        d = np.where(near & (same_server | same_rail), one_switch, far[ku, kv])
+        if servers == 1:
+            d = np.where((ku == 0) & (kv == 0), 2, np.where((ku == 0) | (kv == 0), 1, 2))
+        return np.where(u == v, 0, d)
+
+    return _build(f"rails(n={n},g={g})", kinds, src, dst, bw, latency, hops, gpus_per_server=g)
+
+
+def circuits(n: int, configurations, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> Topology:
+    """Static circuits among n GPUs: one partial permutation per optical port (``perm[i] = j``: i -> j).
+
+    Several configurations model GPUs with several ports (a union of matchings). Routing between
+    GPUs that share no circuit goes over multiple circuits (GPUs forward), found by BFS.
+    """
+    _check_n(n)
+    perms = [check_partial_permutation(p, n, field=f"configurations[{i}]") for i, p in enumerate(configurations)]
+    if not perms:
+        raise InfeasibleError("no circuit configuration given", field="configurations",
+                              fix="give at least one permutation, e.g. a ring: [1, 2, ..., n-1, 0]")
+    if any(len(p) != n for p in perms):
+        raise InfeasibleError(f"each configuration needs {n} entries (one per GPU)", field="configurations")
+    src = np.concatenate([np.flatnonzero(p >= 0) for p in perms]).astype(np.int32)
+    dst = np.concatenate([p[p >= 0] for p in perms]).astype(np.int32)
+    return _build(f"circuits(n={n},ports={len(perms)})", np.full(n, NodeKind.GPU), src, dst, bandwidth,
+                  latency, None, ports=len(perms))

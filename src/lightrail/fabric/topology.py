@@ -1,0 +1,98 @@
+"""The network state at one moment: a directed graph stored as arrays.
+
+Nodes ``0 .. num_endpoints-1`` are the GPUs (endpoints); the rest are switches. Each directed
+link has a bandwidth (bytes/s) and a latency (s). A builder may attach ``hops``, the closed-form
+hop distance of its topology; otherwise distances come from breadth-first search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import shortest_path
+
+from lightrail.errors import InfeasibleError
+
+__all__ = ["NodeKind", "Topology"]
+
+
+class NodeKind(IntEnum):
+    GPU = 0
+    NVSWITCH = 1
+    EPS = 2
+    OCS = 3
+
+
+HopsFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """Directed links ``src[e] -> dst[e]`` with ``bandwidth[e]`` B/s and ``latency[e]`` s."""
+
+    name: str
+    num_endpoints: int
+    node_kind: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    bandwidth: np.ndarray
+    latency: np.ndarray
+    hops_fn: HopsFn | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        v = self.num_nodes
+        for name, arr in (("src", self.src), ("dst", self.dst)):
+            if len(arr) and (arr.min() < 0 or arr.max() >= v):
+                raise InfeasibleError(f"a link {name} is not a node of {v}", field=f"topology.{name}")
+        if np.any(self.bandwidth <= 0) or np.any(self.latency < 0):
+            raise InfeasibleError("links need positive bandwidth and non-negative latency",
+                                  field="topology.bandwidth")
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_kind)
+
+    @property
+    def num_links(self) -> int:
+        return len(self.src)
+
+    @cached_property
+    def out_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """CSR of outgoing links: links of node u are ``order[indptr[u]:indptr[u+1]]``."""
+        order = np.argsort(self.src, kind="stable")
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(self.src, minlength=self.num_nodes))])
+        return indptr, order
+
+    @cached_property
+    def _bfs(self) -> np.ndarray:
+        """All-pairs hop counts by BFS (for topologies without a closed form)."""
+        v = self.num_nodes
+        adj = sp.csr_matrix((np.ones(self.num_links), (self.src, self.dst)), shape=(v, v))
+        dist = shortest_path(adj, unweighted=True, directed=True)
+        dist[np.isinf(dist)] = -1
+        return dist.astype(np.int32)
+
+    def hops(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Hop distance from nodes ``u`` to nodes ``v`` (elementwise; -1 if unreachable)."""
+        u, v = np.asarray(u), np.asarray(v)
+        if self.hops_fn is not None:
+            return self.hops_fn(u, v)
+        return self._bfs[u, v]
+
+    def with_links(self, src, dst, bandwidth, latency, *, name: str | None = None) -> Topology:
+        """A new topology with extra links (e.g. OCS circuits); distances fall back to BFS."""
+        src, dst, bandwidth, latency = np.broadcast_arrays(src, dst, bandwidth, latency)
+        return replace(self, name=name or self.name,
+                       src=np.concatenate([self.src, src.astype(np.int32)]),
+                       dst=np.concatenate([self.dst, dst.astype(np.int32)]),
+                       bandwidth=np.concatenate([self.bandwidth, bandwidth.astype(float)]),
+                       latency=np.concatenate([self.latency, latency.astype(float)]), hops_fn=None)
+
+    def __repr__(self) -> str:
+        return f"<Topology {self.name}: {self.num_endpoints} GPUs, {self.num_nodes} nodes, {self.num_links} links>"

@@ -1,0 +1,189 @@
+"""Step timing on a network state: congestion + dilation (DESIGN.md "Time model").
+
+A step's transfers are aggregated per (src, dst) pair, routed over shortest paths with ECMP
+(traffic split evenly over the equal-cost next hops at every node), and charged to the links
+they cross. Pair i finishes after ``alpha + latency(path_i) + max_{e in path_i} load_e / bw_e``;
+the step lasts as long as its slowest pair, and a collective is the sum of its steps.
+
+Because a pair's time is linear in the bytes per chunk, a step is reduced once to per-pair
+(latency, seconds-per-chunk-byte) coefficients; timing it at any message size is then one max.
+Steps with the same pairs and multiplicities share the work (a ring's 2(n-1) steps are one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightrail.collectives.schedule import Schedule
+from lightrail.errors import InfeasibleError
+from lightrail.fabric.topology import Topology
+
+__all__ = ["Routes", "StepModel", "Engine", "CollectiveTiming"]
+
+
+@dataclass(frozen=True)
+class Routes:
+    """ECMP routes of P pairs: pair ``pair[k]`` sends fraction ``frac[k]`` of its bytes over ``link[k]``."""
+
+    pair: np.ndarray
+    link: np.ndarray
+    frac: np.ndarray
+    latency: np.ndarray  # per pair: the largest latency over its shortest paths
+    hops: np.ndarray  # per pair
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """One step pattern: pair i takes ``latency[i] + chunk_bytes * per_byte[i]`` (plus alpha)."""
+
+    latency: np.ndarray
+    per_byte: np.ndarray
+
+    def time(self, chunk_bytes: float, alpha: float) -> float:
+        if not len(self.latency):
+            return 0.0
+        return alpha + float(np.max(self.latency + chunk_bytes * self.per_byte))
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    """The result of timing a schedule at one buffer size."""
+
+    schedule: str
+    size: float
+    time_s: float
+    step_times: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_times)
+
+
+class Engine:
+    """Times transfers and schedules on one topology; caches routes and step patterns.
+
+    Parameters
+    ----------
+    topology : the network state.
+    alpha : per-step start-up cost in seconds (software, synchronisation), charged once per step.
+    placement : endpoint node of each rank (default: rank r on GPU r).
+    """
+
+    def __init__(self, topology: Topology, *, alpha: float = 0.0, placement: np.ndarray | None = None):
+        self.topology = topology
+        self.alpha = float(alpha)
+        self.placement = np.arange(topology.num_endpoints) if placement is None else np.asarray(placement)
+        self._patterns: dict[bytes, StepModel] = {}
+
+    # -- routing -------------------------------------------------------------------------------
+    def route(self, src_nodes: np.ndarray, dst_nodes: np.ndarray) -> Routes:
+        """ECMP routes for pairs of nodes, hop by hop over all pairs at once."""
+        topo = self.topology
+        src_nodes, dst_nodes = np.asarray(src_nodes), np.asarray(dst_nodes)
+        npairs = len(src_nodes)
+        indptr, order = topo.out_links
+        hops = topo.hops(src_nodes, dst_nodes)
+        if np.any(hops < 0):
+            i = int(np.flatnonzero(hops < 0)[0])
+            raise InfeasibleError(f"no path from node {src_nodes[i]} to node {dst_nodes[i]} in {topo.name}",
+                                  field="topology", fix="connect the fabric or place the ranks elsewhere")
+        pair = np.arange(npairs)
+        node, frac = src_nodes.copy(), np.ones(npairs)
+        lat_so_far = np.zeros(npairs)
+        latency = np.zeros(npairs)
+        out_pair, out_link, out_frac = [], [], []
+        level = 0  # every frontier entry is `level` hops from its source, on a shortest path
+        while len(pair):
+            deg = indptr[node + 1] - indptr[node]
+            entry = np.repeat(np.arange(len(pair)), deg)
+            offset = np.arange(len(entry)) - np.repeat(np.cumsum(deg) - deg, deg)
+            link = order[indptr[node][entry] + offset]
+            nxt = topo.dst[link]
+            dest = dst_nodes[pair[entry]]
+            keep = topo.hops(nxt, dest) == hops[pair[entry]] - level - 1
+            entry, link, nxt, dest = entry[keep], link[keep], nxt[keep], dest[keep]
+            share = frac[entry] / np.bincount(entry, minlength=len(pair))[entry]
+            out_pair.append(pair[entry])
+            out_link.append(link)
+            out_frac.append(share)
+            lat = lat_so_far[entry] + topo.latency[link]
+            arrived = nxt == dest
+            np.maximum.at(latency, pair[entry][arrived], lat[arrived])
+            go = ~arrived
+            key = pair[entry][go].astype(np.int64) * topo.num_nodes + nxt[go]
+            uniq, inv = np.unique(key, return_inverse=True)
+            pair, node = (uniq // topo.num_nodes).astype(np.int64), (uniq % topo.num_nodes).astype(np.int64)
+            frac = np.bincount(inv, weights=share[go], minlength=len(uniq))
+            lat_so_far = np.full(len(uniq), -np.inf)
+            np.maximum.at(lat_so_far, inv, lat[go])
+            level += 1
+        cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
+        return Routes(cat(out_pair, np.int64), cat(out_link, np.int64), cat(out_frac, float), latency, hops)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _pairs(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None):
+        """Unique (src, dst) rank pairs of a step and the summed weight of each."""
+        n = len(self.placement)
+        codes = src.astype(np.int64) * n + dst
+        codes_sorted = np.sort(codes) if weight is None else None
+        if weight is None:
+            first = np.ones(len(codes_sorted), bool)
+            first[1:] = codes_sorted[1:] != codes_sorted[:-1]
+            uniq = codes_sorted[first]
+            counts = np.diff(np.append(np.flatnonzero(first), len(codes_sorted))).astype(float)
+            return uniq, counts
+        uniq, inv = np.unique(codes, return_inverse=True)
+        return uniq, np.bincount(inv, weights=weight, minlength=len(uniq))
+
+    def _model(self, uniq: np.ndarray, weight: np.ndarray) -> StepModel:
+        n = len(self.placement)
+        routes = self.route(self.placement[uniq // n], self.placement[uniq % n])
+        load = np.bincount(routes.link, weights=routes.frac * weight[routes.pair],
+                           minlength=self.topology.num_links)
+        per_byte = np.zeros(len(uniq))
+        np.maximum.at(per_byte, routes.pair, load[routes.link] / self.topology.bandwidth[routes.link])
+        return StepModel(routes.latency, per_byte)
+
+    def step_model(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None = None) -> StepModel:
+        """The timing model of concurrent transfers ``src -> dst`` (ranks), each of ``weight`` units."""
+        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), None if weight is None else np.asarray(weight, float))
+        key = uniq.tobytes() + w.tobytes()
+        model = self._patterns.get(key)
+        if model is None:
+            model = self._patterns[key] = self._model(uniq, w)
+        return model
+
+    def link_loads(self, src, dst, nbytes) -> np.ndarray:
+        """Bytes each link carries when transfers ``src -> dst`` of ``nbytes`` run at once."""
+        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), np.broadcast_to(np.asarray(nbytes, float), np.shape(src)))
+        n = len(self.placement)
+        routes = self.route(self.placement[uniq // n], self.placement[uniq % n])
+        return np.bincount(routes.link, weights=routes.frac * w[routes.pair], minlength=self.topology.num_links)
+
+    def transfer_time(self, src, dst, nbytes) -> float:
+        """Time of one step of concurrent transfers (ranks ``src -> dst`` carrying ``nbytes`` each)."""
+        src = np.asarray(src)
+        model = self.step_model(src, dst, np.broadcast_to(np.asarray(nbytes, float), src.shape))
+        return model.time(1.0, self.alpha)
+
+    # -- schedules -----------------------------------------------------------------------------
+    def profile(self, schedule: Schedule) -> list[StepModel]:
+        """Per step, its timing model (steps with identical traffic share one object)."""
+        if schedule.nranks > len(self.placement):
+            raise InfeasibleError(f"{schedule.nranks} ranks do not fit on {len(self.placement)} GPUs of "
+                                  f"{self.topology.name}", field="ranks", fix="build a larger topology")
+        empty = StepModel(np.zeros(0), np.zeros(0))
+        models = []
+        for step in schedule.steps:
+            models.append(self.step_model(step.src, step.dst) if len(step.src) else empty)
+        return models
+
+    def time(self, schedule: Schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
+        """Time ``schedule`` with ``size`` bytes in each rank's buffer."""
+        models = self.profile(schedule) if profile is None else profile
+        cb = schedule.chunk_bytes(size)
+        cache: dict[int, float] = {}
+        times = np.array([cache.setdefault(id(m), m.time(cb, self.alpha)) for m in models])
+        return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
