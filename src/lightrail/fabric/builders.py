@@ -13,7 +13,7 @@ from lightrail.errors import InfeasibleError, UnsupportedError
 from lightrail.fabric.circuits import check_partial_permutation
 from lightrail.fabric.topology import NodeKind, Topology
 
-__all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "square_shape",
+__all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "square_shape", "build_topology", "TOPOLOGIES",
            "NVLINK_BANDWIDTH", "NIC_BANDWIDTH"]
 
 # H100/H200 HGX: NVLink 4 gives 900 GB/s per GPU bidirectional, i.e. 450 GB/s each way
@@ -231,3 +231,39 @@ def circuits(n: int, configurations, *, bandwidth: float = NIC_BANDWIDTH, latenc
     dst = np.concatenate([p[p >= 0] for p in perms]).astype(np.int32)
     return _build(f"circuits(n={n},ports={len(perms)})", np.full(n, NodeKind.GPU), src, dst, bandwidth,
                   latency, None, ports=len(perms))
+
+
+TOPOLOGIES = ("switch", "ring", "torus2d", "torus3d", "fat-tree", "rails")
+
+
+def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0,
+                   shape: tuple[int, ...] | None = None, gpus_per_server: int = 8,
+                   nvlink_bandwidth: float = NVLINK_BANDWIDTH, hosts_per_leaf: int = 32,
+                   oversubscription: float = 1.0) -> Topology:
+    """A topology by preset name for n GPUs; errors name the option at fault.
+
+    ``bandwidth`` is the per-GPU network link (NIC) rate; ``latency`` is charged per hop.
+    ``shape`` fixes the torus sides (default: as square as possible).
+    """
+    _check_n(n)
+    if kind in ("torus2d", "torus3d"):
+        dims = 2 if kind == "torus2d" else 3
+        if shape is None:
+            shape = square_shape(n, dims)
+        elif len(shape) != dims or prod(shape) != n:
+            raise InfeasibleError(f"shape {'x'.join(map(str, shape))} is not a {dims}D shape of {n} GPUs",
+                                  field="--shape",
+                                  fix=f"give {dims} sides whose product is {n}, e.g. "
+                                      f"{'x'.join(map(str, square_shape(n, dims)))}")
+        return torus(shape, bandwidth=bandwidth, latency=latency)
+    if kind == "switch":
+        return switch(n, bandwidth=bandwidth, latency=latency)
+    if kind == "ring":
+        return ring(n, bandwidth=bandwidth, latency=latency)
+    if kind == "fat-tree":
+        return fat_tree(n, bandwidth=bandwidth, latency=latency, hosts_per_leaf=hosts_per_leaf,
+                        oversubscription=oversubscription)
+    if kind == "rails":
+        return rails(n, gpus_per_server=gpus_per_server, nic_bandwidth=bandwidth,
+                     nvlink_bandwidth=nvlink_bandwidth, latency=latency)
+    raise UnsupportedError(f"unknown topology {kind!r}", field="--topology", fix="use one of " + ", ".join(TOPOLOGIES))

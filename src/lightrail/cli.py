@@ -1,0 +1,268 @@
+"""``lightrail``: the command line. Parses units and options at the edge, prints tables or JSON.
+
+Every ``LightrailError`` becomes one line on stderr and exit code 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lightrail import __version__
+from lightrail.collectives import Kind, algorithms, get
+from lightrail.errors import LightrailError, ScenarioError
+from lightrail.fabric.builders import NVLINK_BANDWIDTH, TOPOLOGIES, build_topology
+from lightrail.units import format_rate, format_size, format_time, parse_rate, parse_size, parse_time
+
+app = typer.Typer(name="lightrail", no_args_is_help=True, add_completion=False,
+                  help="Toolkit and control plane for reconfigurable photonic networks in ML clusters.")
+out = Console()
+err = Console(stderr=True)
+
+
+_FLAGS = {"algo": "--algo", "op": "--op", "ranks": "--ranks", "root": "--root", "shape": "--shape",
+          "oversubscription": "--oversubscription"}
+
+
+def friendly(fn):
+    """Turn a LightrailError into ``error: <field>: <message>; <fix>`` and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LightrailError as e:
+            if e.field in _FLAGS:  # errors from the library name its arguments; show the flag instead
+                e.field = _FLAGS[e.field]
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+# -- shared options -------------------------------------------------------------------------------
+Op = Annotated[str, typer.Option("--op", help="Collective: " + ", ".join(k.value for k in Kind) + ".")]
+Ranks = Annotated[int, typer.Option("--ranks", "-n", help="Number of ranks (GPUs), 2 or more.")]
+TopologyOpt = Annotated[str, typer.Option("--topology", "-t", help="Fabric: " + ", ".join(TOPOLOGIES) + ".")]
+Bandwidth = Annotated[str, typer.Option("--bandwidth", help="Per-GPU network link rate, e.g. 400Gbps or 50GBps.")]
+Latency = Annotated[str, typer.Option("--latency", help="Latency per hop (link), e.g. 1us.")]
+Alpha = Annotated[str, typer.Option("--alpha", help="Start-up cost per step, e.g. 3us.")]
+Shape = Annotated[str | None, typer.Option("--shape", help="Torus sides, e.g. 32x32 (default: most square).")]
+GpusPerServer = Annotated[int, typer.Option("--gpus-per-server", help="Servers' NVLink domain size (rails, hierarchical).")]
+NvlinkBandwidth = Annotated[str, typer.Option("--nvlink-bandwidth", help="NVLink rate per GPU per direction (rails).")]
+HostsPerLeaf = Annotated[int, typer.Option("--hosts-per-leaf", help="GPUs per leaf switch (fat-tree).")]
+Oversubscription = Annotated[float, typer.Option("--oversubscription", help="Leaf down:up capacity ratio (fat-tree).")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+
+
+def _shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        sides = tuple(int(s) for s in text.lower().split("x"))
+    except ValueError:
+        raise ScenarioError(f"cannot read {text!r} as torus sides", field="--shape", fix="write e.g. 32x32 or 16x8x8") from None
+    if any(s < 1 for s in sides):
+        raise ScenarioError(f"torus sides must be positive, got {text!r}", field="--shape")
+    return sides
+
+
+def _fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape: str | None, gpus_per_server: int,
+            nvlink_bandwidth: str, hosts_per_leaf: int, oversubscription: float):
+    if ranks < 2:
+        raise ScenarioError(f"{ranks} ranks is too few", field="--ranks", fix="use 2 or more ranks")
+    if gpus_per_server < 1 or hosts_per_leaf < 1:
+        raise ScenarioError("must be at least 1", field="--gpus-per-server" if gpus_per_server < 1 else "--hosts-per-leaf")
+    return build_topology(topology, ranks, bandwidth=parse_rate(bandwidth, field="--bandwidth"),
+                          latency=parse_time(latency, field="--latency"), shape=_shape(shape),
+                          gpus_per_server=gpus_per_server,
+                          nvlink_bandwidth=parse_rate(nvlink_bandwidth, field="--nvlink-bandwidth"),
+                          hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
+
+
+def _sizes(text: str) -> list[float]:
+    """``1KiB..4GiB`` (powers of two in between) or a comma list ``1MiB,64MiB``."""
+    if ".." in text:
+        lo_text, hi_text = text.split("..", 1)
+        lo, hi = parse_size(lo_text, field="--sizes"), parse_size(hi_text, field="--sizes")
+        if not 0 < lo <= hi:
+            raise ScenarioError(f"{text!r} is not an increasing range", field="--sizes", fix="write e.g. 1KiB..4GiB")
+        return [lo * 2**k for k in range(int(math.floor(math.log2(hi / lo) + 1e-9)) + 1)]
+    sizes = [parse_size(s, field="--sizes") for s in text.split(",") if s.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise ScenarioError(f"{text!r} lists no positive size", field="--sizes", fix="write e.g. 1KiB..4GiB or 1MiB,1GiB")
+    return sorted(sizes)
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+# -- verbs ----------------------------------------------------------------------------------------
+@app.command("collective")
+@friendly
+def collective_cmd(
+    op: Op = "allreduce",
+    algo: Annotated[str, typer.Option("--algo", "-a", help="Algorithm name; see `lightrail algorithms`.")] = "ring",
+    ranks: Ranks = 64,
+    size: Annotated[str, typer.Option("--size", "-s", help="Buffer size per rank, e.g. 1GiB.")] = "1GiB",
+    topology: TopologyOpt = "switch",
+    bandwidth: Bandwidth = "400Gbps",
+    latency: Latency = "1us",
+    alpha: Alpha = "3us",
+    shape: Shape = None,
+    gpus_per_server: GpusPerServer = 8,
+    nvlink_bandwidth: NvlinkBandwidth = f"{NVLINK_BANDWIDTH / 1e9:g}GBps",
+    hosts_per_leaf: HostsPerLeaf = 32,
+    oversubscription: Oversubscription = 1.0,
+    root: Annotated[int, typer.Option("--root", help="Root rank (broadcast, reduce).")] = 0,
+    pipeline: Annotated[int, typer.Option("--pipeline", help="Chunks per tree (double-binary-tree).")] = 1,
+    as_json: JsonOut = False,
+):
+    """Simulate one collective: time, algorithm and bus bandwidth, steps, and the verifier's proof."""
+    from lightrail.sim.collective import evaluate
+
+    algorithm = get(op, algo)  # validates --op and --algo first
+    nbytes = parse_size(size, field="--size")
+    fabric = _fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
+                     hosts_per_leaf, oversubscription)
+    if not 0 <= root < ranks:
+        raise ScenarioError(f"root {root} is not a rank of {ranks}", field="--root", fix=f"use 0..{ranks - 1}")
+    if pipeline < 1:
+        raise ScenarioError("must be at least 1", field="--pipeline")
+    result = evaluate(algorithm.kind, algo, ranks, nbytes, fabric, alpha=parse_time(alpha, field="--alpha"),
+                      gpus_per_server=gpus_per_server, root=root, pipeline=pipeline)
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    table = Table(title=f"{result.op} / {result.algorithm} on {result.topology}", show_header=False)
+    for key, value in (("schedule", result.schedule), ("ranks", str(result.ranks)),
+                       ("size per rank", format_size(result.size_bytes)), ("time", format_time(result.time_s)),
+                       ("steps", str(result.steps)), ("algorithm bandwidth", format_rate(result.algbw_Bps)),
+                       ("bus bandwidth", format_rate(result.busbw_Bps)),
+                       ("verified", f"yes ({result.verification})")):
+        table.add_row(key, value)
+    out.print(table)
+
+
+@app.command("algorithms")
+@friendly
+def algorithms_cmd(
+    op: Annotated[str | None, typer.Option("--op", help="Only this collective.")] = None,
+    as_json: JsonOut = False,
+):
+    """List the collective algorithms lightrail can generate and verify."""
+    listed = algorithms(_kind(op)) if op else algorithms()
+    rows = [{"op": str(a.kind), "algorithm": a.name, "steps": a.steps, "summary": a.summary} for a in listed]
+    if as_json:
+        _print_json({"algorithms": rows})
+        return
+    table = Table(title="collective algorithms")
+    for col in ("op", "algorithm", "steps", "summary"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["op"], r["algorithm"], r["steps"], r["summary"])
+    out.print(table)
+
+
+@app.command("collective-sweep")
+@friendly
+def collective_sweep_cmd(
+    op: Op = "allreduce",
+    ranks: Ranks = 64,
+    sizes: Annotated[str, typer.Option("--sizes", help="1KiB..4GiB (powers of two) or a comma list.")] = "1KiB..4GiB",
+    topology: TopologyOpt = "rails",
+    bandwidth: Bandwidth = "400Gbps",
+    latency: Latency = "1us",
+    alpha: Alpha = "3us",
+    shape: Shape = None,
+    gpus_per_server: GpusPerServer = 8,
+    nvlink_bandwidth: NvlinkBandwidth = f"{NVLINK_BANDWIDTH / 1e9:g}GBps",
+    hosts_per_leaf: HostsPerLeaf = 32,
+    oversubscription: Oversubscription = 1.0,
+    algo: Annotated[list[str] | None, typer.Option("--algo", "-a", help="Only these algorithms (repeatable).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for sweep.json, sweep.csv and sweep.png.")] = Path("out/sweep"),
+    as_json: JsonOut = False,
+):
+    """Compare every algorithm of an op over message sizes: table, JSON, CSV and a PNG plot."""
+    from lightrail.report.files import write_json, write_text
+    from lightrail.report.plots import plot_sweep
+    from lightrail.sim.collective import sweep
+
+    listed = [get(op, a) for a in algo] if algo else algorithms(_kind(op))
+    kind = listed[0].kind if listed else _kind(op)
+    size_list = _sizes(sizes)
+    fabric = _fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
+                     hosts_per_leaf, oversubscription)
+    seconds = parse_time(alpha, field="--alpha")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=as_json or not err.is_terminal) as progress:
+        task = progress.add_task(f"{kind} on {fabric.name}", total=len(listed))
+        rows = sweep(kind, ranks, size_list, fabric, alpha=seconds, names=[a.name for a in listed],
+                     progress=lambda name: progress.update(task, advance=1, description=f"{kind}: {name}"),
+                     gpus_per_server=gpus_per_server)
+    records = [r.to_dict() for r in rows]
+    names = list(dict.fromkeys(r["algorithm"] for r in records))
+    best = {}
+    for r in records:
+        if r["size_bytes"] not in best or r["time_s"] < best[r["size_bytes"]]["time_s"]:
+            best[r["size_bytes"]] = r
+    result = {
+        "op": str(kind), "ranks": ranks, "topology": fabric.name,
+        "settings": {"bandwidth_Bps": parse_rate(bandwidth, field="--bandwidth"),
+                     "latency_s": parse_time(latency, field="--latency"), "alpha_s": seconds},
+        "best": [{"size_bytes": s, "algorithm": r["algorithm"], "time_s": r["time_s"]} for s, r in sorted(best.items())],
+        "rows": records,
+    }
+    csv = ["size_bytes," + ",".join(f"{n}_time_s" for n in names) + ",best"]
+    for s in size_list:
+        times = {r["algorithm"]: r["time_s"] for r in records if r["size_bytes"] == s}
+        csv.append(f"{s:.0f}," + ",".join(f"{times[n]:.9g}" for n in names) + f",{best[s]['algorithm']}")
+    plot_sweep(records, out_dir / "sweep.png", title=f"{kind} on {fabric.name}, {ranks} ranks")
+    write_json(out_dir / "sweep.json", result)
+    write_text(out_dir / "sweep.csv", "\n".join(csv) + "\n")
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"{kind}, {ranks} ranks on {fabric.name}: time per collective")
+    table.add_column("size", justify="right")
+    for n in names:
+        table.add_column(n, justify="right")
+    for s in size_list:
+        times = {r["algorithm"]: r["time_s"] for r in records if r["size_bytes"] == s}
+        cells = [(f"[bold green]{format_time(times[n])}[/]" if n == best[s]["algorithm"] else format_time(times[n]))
+                 for n in names]
+        table.add_row(format_size(s), *cells)
+    out.print(table)
+    out.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'sweep.csv'}, {out_dir / 'sweep.png'}")
+
+
+def _kind(op: str) -> Kind:
+    from lightrail.collectives.registry import _parse_kind
+
+    return _parse_kind(op)
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False):
+    if version:
+        out.print(f"lightrail {__version__}")
+        raise typer.Exit()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

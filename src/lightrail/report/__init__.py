@@ -1,0 +1,1 @@
+"""Reports for people: plots and files, written atomically (nothing half-written on failure)."""
