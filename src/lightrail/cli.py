@@ -58,7 +58,8 @@ Bandwidth = Annotated[str, typer.Option("--bandwidth", help="Per-GPU network lin
 Latency = Annotated[str, typer.Option("--latency", help="Latency per hop (link), e.g. 1us.")]
 Alpha = Annotated[str, typer.Option("--alpha", help="Start-up cost per step, e.g. 3us.")]
 Shape = Annotated[str | None, typer.Option("--shape", help="Torus sides, e.g. 32x32 (default: most square).")]
-GpusPerServer = Annotated[int, typer.Option("--gpus-per-server", help="Servers' NVLink domain size (rails, hierarchical).")]
+GpusPerServer = Annotated[int, typer.Option("--gpus-per-server",
+                                            help="Servers' NVLink domain size (rails, hierarchical).")]
 NvlinkBandwidth = Annotated[str, typer.Option("--nvlink-bandwidth", help="NVLink rate per GPU per direction (rails).")]
 HostsPerLeaf = Annotated[int, typer.Option("--hosts-per-leaf", help="GPUs per leaf switch (fat-tree).")]
 Oversubscription = Annotated[float, typer.Option("--oversubscription", help="Leaf down:up capacity ratio (fat-tree).")]
@@ -71,7 +72,8 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
     try:
         sides = tuple(int(s) for s in text.lower().split("x"))
     except ValueError:
-        raise ScenarioError(f"cannot read {text!r} as torus sides", field="--shape", fix="write e.g. 32x32 or 16x8x8") from None
+        raise ScenarioError(f"cannot read {text!r} as torus sides", field="--shape",
+                            fix="write e.g. 32x32 or 16x8x8") from None
     if any(s < 1 for s in sides):
         raise ScenarioError(f"torus sides must be positive, got {text!r}", field="--shape")
     return sides
@@ -82,7 +84,8 @@ def _fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape: str 
     if ranks < 2:
         raise ScenarioError(f"{ranks} ranks is too few", field="--ranks", fix="use 2 or more ranks")
     if gpus_per_server < 1 or hosts_per_leaf < 1:
-        raise ScenarioError("must be at least 1", field="--gpus-per-server" if gpus_per_server < 1 else "--hosts-per-leaf")
+        field = "--gpus-per-server" if gpus_per_server < 1 else "--hosts-per-leaf"
+        raise ScenarioError("must be at least 1", field=field)
     return build_topology(topology, ranks, bandwidth=parse_rate(bandwidth, field="--bandwidth"),
                           latency=parse_time(latency, field="--latency"), shape=_shape(shape),
                           gpus_per_server=gpus_per_server,
@@ -96,11 +99,13 @@ def _sizes(text: str) -> list[float]:
         lo_text, hi_text = text.split("..", 1)
         lo, hi = parse_size(lo_text, field="--sizes"), parse_size(hi_text, field="--sizes")
         if not 0 < lo <= hi:
-            raise ScenarioError(f"{text!r} is not an increasing range", field="--sizes", fix="write e.g. 1KiB..4GiB")
+            raise ScenarioError(f"{text!r} is not an increasing range", field="--sizes",
+                                fix="write e.g. 1KiB..4GiB")
         return [lo * 2**k for k in range(int(math.floor(math.log2(hi / lo) + 1e-9)) + 1)]
     sizes = [parse_size(s, field="--sizes") for s in text.split(",") if s.strip()]
     if not sizes or min(sizes) <= 0:
-        raise ScenarioError(f"{text!r} lists no positive size", field="--sizes", fix="write e.g. 1KiB..4GiB or 1MiB,1GiB")
+        raise ScenarioError(f"{text!r} lists no positive size", field="--sizes",
+                            fix="write e.g. 1KiB..4GiB or 1MiB,1GiB")
     return sorted(sizes)
 
 
@@ -191,7 +196,8 @@ def collective_sweep_cmd(
     hosts_per_leaf: HostsPerLeaf = 32,
     oversubscription: Oversubscription = 1.0,
     algo: Annotated[list[str] | None, typer.Option("--algo", "-a", help="Only these algorithms (repeatable).")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for sweep.json, sweep.csv and sweep.png.")] = Path("out/sweep"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for sweep.json, sweep.csv and sweep.png.")] = Path(
+        "out/sweep"),
     as_json: JsonOut = False,
 ):
     """Compare every algorithm of an op over message sizes: table, JSON, CSV and a PNG plot."""
@@ -221,7 +227,8 @@ def collective_sweep_cmd(
         "op": str(kind), "ranks": ranks, "topology": fabric.name,
         "settings": {"bandwidth_Bps": parse_rate(bandwidth, field="--bandwidth"),
                      "latency_s": parse_time(latency, field="--latency"), "alpha_s": seconds},
-        "best": [{"size_bytes": s, "algorithm": r["algorithm"], "time_s": r["time_s"]} for s, r in sorted(best.items())],
+        "best": [{"size_bytes": s, "algorithm": r["algorithm"], "time_s": r["time_s"]}
+                 for s, r in sorted(best.items())],
         "rows": records,
     }
     csv = ["size_bytes," + ",".join(f"{n}_time_s" for n in names) + ",best"]

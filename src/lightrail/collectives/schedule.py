@@ -207,7 +207,7 @@ class ScheduleBuilder:
         counts = np.zeros(nsteps, np.int64)
         for p in parts:
             counts[: len(p.counts)] += p.counts
-        ordered = all(p.sorted for p in parts) and all(a.last < b.first for a, b in zip(parts, parts[1:]))
+        ordered = all(p.sorted for p in parts) and all(a.last < b.first for a, b in zip(parts, parts[1:], strict=False))
         if not parts:
             empty = np.zeros(0, np.int32)
             src, dst, chunk, op = empty, empty, empty, np.zeros(0, np.uint8)

@@ -61,6 +61,10 @@ class CollectiveTiming:
         return len(self.step_times)
 
 
+def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+
 class Engine:
     """Times transfers and schedules on one topology; caches routes and step patterns.
 
@@ -119,8 +123,7 @@ class Engine:
             lat_so_far = np.full(len(uniq), -np.inf)
             np.maximum.at(lat_so_far, inv, lat[go])
             level += 1
-        cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
-        return Routes(cat(out_pair, np.int64), cat(out_link, np.int64), cat(out_frac, float), latency, hops)
+        return Routes(_cat(out_pair, np.int64), _cat(out_link, np.int64), _cat(out_frac, float), latency, hops)
 
     # -- one step ------------------------------------------------------------------------------
     def _pairs(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None):
@@ -148,7 +151,8 @@ class Engine:
 
     def step_model(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None = None) -> StepModel:
         """The timing model of concurrent transfers ``src -> dst`` (ranks), each of ``weight`` units."""
-        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), None if weight is None else np.asarray(weight, float))
+        weight = None if weight is None else np.asarray(weight, float)
+        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), weight)
         key = uniq.tobytes() + w.tobytes()
         model = self._patterns.get(key)
         if model is None:
@@ -157,7 +161,8 @@ class Engine:
 
     def link_loads(self, src, dst, nbytes) -> np.ndarray:
         """Bytes each link carries when transfers ``src -> dst`` of ``nbytes`` run at once."""
-        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), np.broadcast_to(np.asarray(nbytes, float), np.shape(src)))
+        nbytes = np.broadcast_to(np.asarray(nbytes, float), np.shape(src))
+        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), nbytes)
         n = len(self.placement)
         routes = self.route(self.placement[uniq // n], self.placement[uniq % n])
         return np.bincount(routes.link, weights=routes.frac * w[routes.pair], minlength=self.topology.num_links)
