@@ -20,6 +20,7 @@ run: $(STAMP)
 	$(BIN)/lightrail collective-sweep --op allreduce --ranks 64 --topology rails --out out/sweep
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

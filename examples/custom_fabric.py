@@ -26,4 +26,4 @@ for algo in ("ring", "recursive-doubling", "halving-doubling"):
     proof = verify(schedule)  # raises VerificationError with (step, rank, chunk) if it were wrong
     for name, fabric in fabrics.items():
         t = Engine(fabric, alpha=parse_time("3us")).time(schedule, size).time_s
-        print(f"{algo:>20} [{proof.method}] on {name:<26} {format_time(t)}")
+        print(f"{algo:>20} [{proof.method}] on {name:<28} {format_time(t)}")
