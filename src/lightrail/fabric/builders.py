@@ -65,6 +65,9 @@ def ring(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> T
 
 def square_shape(n: int, dims: int) -> tuple[int, ...]:
     """The most nearly cubic ``dims``-dimensional shape with product n (larger sides first)."""
+    if n < 1 or dims < 1:
+        raise InfeasibleError(f"no {dims}-dimensional shape has {n} nodes", field="shape",
+                              fix="use n >= 1 and dims >= 1")
     best: tuple[int, ...] | None = None
 
     def search(rest: int, left: int, lo: int, acc: tuple[int, ...]):
@@ -89,10 +92,10 @@ def square_shape(n: int, dims: int) -> tuple[int, ...]:
 def torus(shape: tuple[int, ...], *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> Topology:
     """A k-dimensional torus (2D, 3D, ...): each GPU links to both neighbours in every dimension."""
     shape = tuple(int(s) for s in shape)
+    if not shape or any(s < 1 for s in shape):
+        raise InfeasibleError(f"torus sides must be positive, got {shape}", field="shape")
     n = prod(shape)
     _check_n(n)
-    if any(s < 1 for s in shape):
-        raise InfeasibleError(f"torus sides must be positive, got {shape}", field="shape")
     coords = np.array(np.unravel_index(np.arange(n), shape))
     a, b = [], []
     for d, side in enumerate(shape):
@@ -125,6 +128,8 @@ def fat_tree(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0, 
     uplink bandwidth scaled so the ratio is exact. ECMP spreads inter-leaf traffic over all spines.
     """
     _check_n(n)
+    if hosts_per_leaf < 1:
+        raise InfeasibleError(f"hosts_per_leaf={hosts_per_leaf}", field="hosts_per_leaf", fix="use 1 or more")
     if oversubscription < 1:
         raise InfeasibleError(f"oversubscription {oversubscription} is below 1", field="oversubscription",
                               fix="use 1 for a non-blocking tree, 2 or 3 for 2:1 or 3:1")
@@ -175,7 +180,9 @@ def rails(n: int, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWI
     """
     _check_n(n)
     g = gpus_per_server
-    if g < 1 or (n > g and n % g):
+    if g < 1:
+        raise InfeasibleError(f"gpus_per_server={g}", field="gpus_per_server", fix="use 1 or more (8 on HGX)")
+    if n > g and n % g:
         raise InfeasibleError(f"{n} GPUs do not fill servers of {g}", field="ranks",
                               fix=f"use a multiple of --gpus-per-server ({g}) or at most {g} GPUs")
     g = min(g, n)

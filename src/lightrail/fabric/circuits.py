@@ -16,6 +16,8 @@ __all__ = ["is_partial_permutation", "check_partial_permutation", "is_duplex", "
 def is_partial_permutation(perm, n: int | None = None) -> bool:
     """True if no two inputs share an output, every port exists and none loops to itself."""
     perm = np.asarray(perm)
+    if perm.ndim != 1 or not np.issubdtype(perm.dtype, np.integer) and len(perm):
+        return False
     n = len(perm) if n is None else n
     lit = perm[perm >= 0]
     return bool(perm.ndim == 1 and np.all(perm >= -1) and np.all(lit < n)

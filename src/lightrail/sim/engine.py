@@ -127,18 +127,21 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------------------
     def _pairs(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None):
-        """Unique (src, dst) rank pairs of a step and the summed weight of each."""
+        """Unique (src, dst) rank pairs of a step (sorted codes ``src*n + dst``) and the weight of each.
+
+        Without weights, each transfer counts 1 (one chunk).
+        """
         n = len(self.placement)
-        codes = src.astype(np.int64) * n + dst
-        codes_sorted = np.sort(codes) if weight is None else None
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        codes = src * n + dst
         if weight is None:
-            first = np.ones(len(codes_sorted), bool)
-            first[1:] = codes_sorted[1:] != codes_sorted[:-1]
-            uniq = codes_sorted[first]
-            counts = np.diff(np.append(np.flatnonzero(first), len(codes_sorted))).astype(float)
-            return uniq, counts
+            codes = np.sort(codes)
+            first = np.ones(len(codes), bool)
+            first[1:] = codes[1:] != codes[:-1]
+            counts = np.diff(np.append(np.flatnonzero(first), len(codes))).astype(float)
+            return codes[first], counts
         uniq, inv = np.unique(codes, return_inverse=True)
-        return uniq, np.bincount(inv, weights=weight, minlength=len(uniq))
+        return uniq, np.bincount(inv, weights=weight, minlength=len(uniq)).astype(float)
 
     def _model(self, uniq: np.ndarray, weight: np.ndarray) -> StepModel:
         n = len(self.placement)
@@ -151,9 +154,22 @@ class Engine:
 
     def step_model(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None = None) -> StepModel:
         """The timing model of concurrent transfers ``src -> dst`` (ranks), each of ``weight`` units."""
+        n = len(self.placement)
+        if weight is None and len(src) == n:
+            # Common case (rings, shifts, matchings): every rank sends one chunk. Keyed by each
+            # sender's receiver, no sort needed.
+            by_src = np.full(n, -1, np.int32)
+            by_src[src] = dst
+            if by_src.min() >= 0:
+                key = b"r" + by_src.tobytes()
+                model = self._patterns.get(key)
+                if model is None:
+                    codes = np.arange(n, dtype=np.int64) * n + by_src
+                    model = self._patterns[key] = self._model(codes, np.ones(n))
+                return model
         weight = None if weight is None else np.asarray(weight, float)
-        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), weight)
-        key = uniq.tobytes() + w.tobytes()
+        uniq, w = self._pairs(src, dst, weight)
+        key = b"p" + uniq.tobytes() + w.tobytes()
         model = self._patterns.get(key)
         if model is None:
             model = self._patterns[key] = self._model(uniq, w)
@@ -162,7 +178,7 @@ class Engine:
     def link_loads(self, src, dst, nbytes) -> np.ndarray:
         """Bytes each link carries when transfers ``src -> dst`` of ``nbytes`` run at once."""
         nbytes = np.broadcast_to(np.asarray(nbytes, float), np.shape(src))
-        uniq, w = self._pairs(np.asarray(src), np.asarray(dst), nbytes)
+        uniq, w = self._pairs(src, dst, nbytes)
         n = len(self.placement)
         routes = self.route(self.placement[uniq // n], self.placement[uniq % n])
         return np.bincount(routes.link, weights=routes.frac * w[routes.pair], minlength=self.topology.num_links)
@@ -180,15 +196,17 @@ class Engine:
             raise InfeasibleError(f"{schedule.nranks} ranks do not fit on {len(self.placement)} GPUs of "
                                   f"{self.topology.name}", field="ranks", fix="build a larger topology")
         empty = StepModel(np.zeros(0), np.zeros(0))
-        models = []
-        for step in schedule.steps:
-            models.append(self.step_model(step.src, step.dst) if len(step.src) else empty)
-        return models
+        ptr = schedule.step_ptr
+        return [self.step_model(schedule.src[a:z], schedule.dst[a:z]) if z > a else empty
+                for a, z in zip(ptr[:-1], ptr[1:], strict=True)]
 
     def time(self, schedule: Schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
         """Time ``schedule`` with ``size`` bytes in each rank's buffer."""
         models = self.profile(schedule) if profile is None else profile
         cb = schedule.chunk_bytes(size)
         cache: dict[int, float] = {}
-        times = np.array([cache.setdefault(id(m), m.time(cb, self.alpha)) for m in models])
+        for m in models:
+            if id(m) not in cache:
+                cache[id(m)] = m.time(cb, self.alpha)
+        times = np.array([cache[id(m)] for m in models])
         return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
