@@ -111,6 +111,7 @@ def _check_proof(schedule, algo, n: int) -> None:
 
 # Correctness: every algorithm, every size.
 
+
 @pytest.mark.parametrize("algo", ALGORITHMS, ids=_id)
 def test_every_algorithm_is_proven_for_every_small_n(algo):
     for n in SMALL:
@@ -135,6 +136,7 @@ def test_rotation_symmetric_schedules_use_the_fast_path():
 
 
 # Step counts and bytes.
+
 
 def test_every_algorithm_has_a_step_closed_form():
     assert {_key(a) for a in ALGORITHMS} == set(STEPS)
@@ -197,6 +199,7 @@ def test_direct_and_recursive_doubling_send_whole_buffers(n):
 
 # Per-step structure.
 
+
 @pytest.mark.parametrize("algo", ALGORITHMS, ids=_id)
 def test_peers_per_step(algo):
     most = PEERS_PER_STEP.get(_key(algo), lambda n: 1)
@@ -206,8 +209,8 @@ def test_peers_per_step(algo):
         links = np.unique(np.stack([step, schedule.src, schedule.dst]), axis=1)
         out_degree = np.unique(links[:2], axis=1, return_counts=True)[1]
         in_degree = np.unique(links[[0, 2]], axis=1, return_counts=True)[1]
-        assert out_degree.max() == most(n), n
-        assert in_degree.max() == most(n), n
+        assert out_degree.max() <= most(n), n
+        assert in_degree.max() <= most(n), n
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS, ids=_id)
@@ -226,6 +229,7 @@ def test_ring_reduce_scatter_half_reduces_and_all_gather_half_copies(kind, name)
 
 
 # Roots, pipelines and servers.
+
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 16])
 @pytest.mark.parametrize("kind", ["broadcast", "reduce"])
@@ -290,6 +294,7 @@ def test_hierarchical_server_size_is_gcd(n, gpus_per_server, g):
 
 
 # The registry.
+
 
 def test_registry_lists_every_kind_in_order():
     kinds = [a.kind for a in ALGORITHMS]

@@ -17,8 +17,8 @@ __all__ = ["parse_size", "parse_rate", "parse_time", "format_size", "format_rate
 _NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
            "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
-_SIZE_RE = re.compile(_NUMBER + r"(?P<prefix>[kKMGTP]i?)?(?P<unit>B|b|bit|bits|byte|bytes)$")
-_RATE_RE = re.compile(_NUMBER + r"(?P<prefix>[kKMGTP]i?)?(?P<unit>bps|Bps|b/s|B/s|bit/s|byte/s)$")
+_SIZE_RE = re.compile(_NUMBER + r"(?P<prefix>[kKMGTP]|[KMGTP]i)?(?P<unit>B|b|bit|bits|byte|bytes)$")
+_RATE_RE = re.compile(_NUMBER + r"(?P<prefix>[kKMGTP]|[KMGTP]i)?(?P<unit>bps|Bps|b/s|B/s|bit/s|byte/s)$")
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9,
                "ps": 1e-12, "min": 60.0}
 _TIME_RE = re.compile(_NUMBER + r"(?P<unit>[a-zµμ]+)$")
@@ -38,6 +38,8 @@ def _kind_of(text: str) -> str | None:
 
 def _fail(value: object, want: str, fix: str, field: str) -> UnitError:
     text = str(value).strip()
+    if text.startswith("-") and _kind_of(text[1:].replace(" ", "")):
+        return UnitError(f"{text!r} is negative, expected a non-negative {want}", field=field, fix=fix)
     kind = _kind_of(text.replace(" ", ""))
     if kind and kind != want:
         return UnitError(f"{text!r} is a {kind}, expected a {want}", field=field, fix=fix)
@@ -68,16 +70,17 @@ def parse_size(value: str | int | float, *, field: str = "size") -> float:
 
 def parse_rate(value: str | int | float, *, field: str = "bandwidth") -> float:
     """Bytes per second from ``"400Gbps"`` (bits) or ``"50GBps"`` / ``"50GB/s"`` (bytes)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _check(float(value), str(value), "rate", _RATE_HELP, field)
     text = str(value).strip().replace(" ", "")
-    m = _RATE_RE.match(text)
-    if not m:
-        raise _fail(value, "rate", _RATE_HELP, field)
-    scale = _PREFIX[m.group("prefix") or ""]
-    if m.group("unit") in ("bps", "b/s", "bit/s"):
-        scale /= 8
-    rate = _check(float(m.group("num")) * scale, text, "rate", _RATE_HELP, field)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        rate = _check(float(value), text, "rate", _RATE_HELP, field)
+    else:
+        m = _RATE_RE.match(text)
+        if not m:
+            raise _fail(value, "rate", _RATE_HELP, field)
+        scale = _PREFIX[m.group("prefix") or ""]
+        if m.group("unit") in ("bps", "b/s", "bit/s"):
+            scale /= 8
+        rate = _check(float(m.group("num")) * scale, text, "rate", _RATE_HELP, field)
     if rate == 0:
         raise UnitError(f"{text!r} must be positive", field=field, fix=_RATE_HELP)
     return rate

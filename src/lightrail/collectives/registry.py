@@ -6,6 +6,7 @@ summary; ``lightrail algorithms`` prints them. The registry refuses duplicate na
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,10 +28,19 @@ class Algorithm:
     steps: str
     supports: Callable[[int], bool]
 
+    @property
+    def parameters(self) -> list[str]:
+        """Keyword parameters the generator takes besides n."""
+        return [p for p in inspect.signature(self.build).parameters if p != "n"]
+
     def __call__(self, n: int, **params) -> Schedule:
         if n < 2 or not self.supports(n):
             raise UnsupportedError(f"{self.kind} {self.name} does not support {n} ranks", field="ranks",
                                    fix="use 2 or more ranks")
+        unknown = sorted(set(params) - set(self.parameters))
+        if unknown:
+            raise UnsupportedError(f"{self.kind} {self.name} takes no parameter {unknown[0]!r}", field=unknown[0],
+                                   fix=f"its parameters are: {', '.join(self.parameters) or 'none'}")
         return self.build(n, **params)
 
 

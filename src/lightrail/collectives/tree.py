@@ -7,6 +7,7 @@ import numpy as np
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
 from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.errors import UnsupportedError
 
 __all__ = ["btree_parents", "double_binary_tree_allreduce", "binomial_broadcast", "binomial_reduce"]
 
@@ -67,10 +68,12 @@ def _tree_into(b: ScheduleBuilder, parents: np.ndarray, chunks: np.ndarray) -> N
 def double_binary_tree_allreduce(n: int, *, pipeline: int = 1) -> Schedule:
     """Double binary tree AllReduce (Sanders, Speck & Träff 2009; NCCL 2.4).
 
-    Half the buffer goes through each tree; every rank is an inner node of at most one tree, so
-    both trees run at once without sharing a rank's uplink. ``pipeline`` chunks per tree let a
-    tree's levels work concurrently.
+    Half the buffer goes through each tree. For even n every rank is an inner node of at most one
+    tree (the mirror maps odd leaves onto even inner ranks); for odd n the shifted tree makes rank 0
+    inner in both, as in NCCL. ``pipeline`` chunks per tree let a tree's levels work concurrently.
     """
+    if pipeline < 1:
+        raise UnsupportedError(f"pipeline={pipeline}", field="pipeline", fix="use 1 or more chunks per tree")
     b = ScheduleBuilder(Kind.ALLREDUCE, n, 2 * pipeline)
     first = btree_parents(n)
     _tree_into(b, first, np.arange(pipeline))

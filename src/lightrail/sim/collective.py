@@ -6,7 +6,6 @@ size is then a handful of array maxima, so a sweep over 23 sizes costs about one
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -59,8 +58,8 @@ class _Prepared:
 
 
 def _params(op: Kind, name: str, params: dict) -> dict:
-    """Keep only the parameters this algorithm's generator takes."""
-    accepted = inspect.signature(get(op, name).build).parameters
+    """Keep only the parameters this algorithm's generator takes (CLI options apply where they mean something)."""
+    accepted = get(op, name).parameters
     return {k: v for k, v in params.items() if k in accepted}
 
 
