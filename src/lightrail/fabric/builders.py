@@ -13,7 +13,8 @@ from lightrail.errors import InfeasibleError, UnsupportedError
 from lightrail.fabric.circuits import check_partial_permutation
 from lightrail.fabric.topology import NodeKind, Topology
 
-__all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "square_shape", "build_topology", "TOPOLOGIES",
+__all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "photonic_rails", "square_shape",
+           "build_topology", "TOPOLOGIES",
            "NVLINK_BANDWIDTH", "NIC_BANDWIDTH"]
 
 # H100/H200 HGX: NVLink 4 gives 900 GB/s per GPU bidirectional, i.e. 450 GB/s each way
@@ -274,3 +275,30 @@ def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, laten
         return rails(n, gpus_per_server=gpus_per_server, nic_bandwidth=bandwidth,
                      nvlink_bandwidth=nvlink_bandwidth, latency=latency)
     raise UnsupportedError(f"unknown topology {kind!r}", field="--topology", fix="use one of " + ", ".join(TOPOLOGIES))
+
+
+def photonic_rails(servers: int, circuits, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWIDTH,
+                   nvlink_bandwidth: float = NVLINK_BANDWIDTH, latency: float = 0.0) -> Topology:
+    """Servers on NVLink whose rails are optical circuit switches in a given configuration.
+
+    ``circuits`` is ``(rail, tx_server, rx_server)`` arrays: on rail i, a circuit from the NIC of
+    GPU ``tx_server*g + i`` to the NIC of GPU ``rx_server*g + i``. Traffic between servers without
+    a circuit of their own rides NVLink to a GPU whose rail has one (PXN), or several circuits.
+    """
+    g = gpus_per_server
+    if servers < 1 or g < 1:
+        raise InfeasibleError(f"{servers} servers of {g} GPUs", field="cluster", fix="use at least one of each")
+    rail, tx, rx = (np.asarray(a, dtype=np.int64) for a in circuits)
+    if len(rail) and (rail.min() < 0 or rail.max() >= g or min(tx.min(), rx.min()) < 0
+                      or max(tx.max(), rx.max()) >= servers):
+        raise InfeasibleError("a circuit names a rail or server that does not exist", field="circuits")
+    n = servers * g
+    gpu = np.arange(n)
+    nvs = n + gpu // g
+    kinds = np.array([NodeKind.GPU] * n + [NodeKind.NVSWITCH] * servers)
+    s1, d1 = _bidirectional(gpu, nvs)
+    src = np.concatenate([s1, (tx * g + rail).astype(np.int32)])
+    dst = np.concatenate([d1, (rx * g + rail).astype(np.int32)])
+    bw = np.concatenate([np.full(len(s1), nvlink_bandwidth), np.full(len(rail), nic_bandwidth)])
+    return _build(f"photonic_rails(servers={servers},g={g},circuits={len(rail)})", kinds, src, dst, bw, latency,
+                  None, gpus_per_server=g)

@@ -70,20 +70,38 @@ class Topology:
         return indptr, order
 
     @cached_property
-    def _bfs(self) -> np.ndarray:
-        """All-pairs hop counts by BFS (for topologies without a closed form)."""
+    def _reverse(self) -> sp.csr_matrix:
         v = self.num_nodes
-        adj = sp.csr_matrix((np.ones(self.num_links), (self.src, self.dst)), shape=(v, v))
-        dist = shortest_path(adj, unweighted=True, directed=True)
-        dist[np.isinf(dist)] = -1
-        return dist.astype(np.int32)
+        return sp.csr_matrix((np.ones(self.num_links), (self.dst, self.src)), shape=(v, v))
+
+    @cached_property
+    def _bfs(self) -> dict:
+        """Hop counts to destinations found so far by BFS: row index per destination and the rows."""
+        return {"row": np.full(self.num_nodes, -1, np.int64), "dist": np.zeros((0, self.num_nodes), np.int32)}
+
+    def _distances_to(self, targets: np.ndarray) -> np.ndarray:
+        """Rows ``dist[k, u]`` = hops from u to ``targets[k]``, by reverse BFS computed once per target."""
+        cache = self._bfs
+        new = np.unique(targets[cache["row"][targets] < 0])
+        for start in range(0, len(new), 256):  # bounded memory per batch of BFS sources
+            batch = new[start:start + 256]
+            dist = shortest_path(self._reverse, unweighted=True, directed=True, indices=batch)
+            dist[np.isinf(dist)] = -1
+            cache["row"][batch] = len(cache["dist"]) + np.arange(len(batch))
+            cache["dist"] = np.concatenate([cache["dist"], dist.astype(np.int32)])
+        return cache["row"][targets]
 
     def hops(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Hop distance from nodes ``u`` to nodes ``v`` (elementwise; -1 if unreachable)."""
+        """Hop distance from nodes ``u`` to nodes ``v`` (elementwise; -1 if unreachable).
+
+        Uses the builder's closed form when there is one; otherwise BFS towards each destination,
+        computed the first time that destination is asked for.
+        """
         u, v = np.asarray(u), np.asarray(v)
         if self.hops_fn is not None:
             return self.hops_fn(u, v)
-        return self._bfs[u, v]
+        rows = self._distances_to(v.ravel())
+        return self._bfs["dist"][rows, u.ravel()].reshape(np.shape(u))
 
     def with_links(self, src, dst, bandwidth, latency, *, name: str | None = None) -> Topology:
         """A new topology with extra links (e.g. OCS circuits); distances fall back to BFS."""

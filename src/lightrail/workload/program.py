@@ -1,0 +1,259 @@
+"""One training iteration as a Program: per pipeline stage, the ordered ops every rank of it runs.
+
+Built in named passes (torchtitan's habit): the job is checked, per-micro-batch costs are
+derived from the model (FLOPs through a roofline, bytes per collective), then the 1F1B order
+of each stage is laid out, and the data-parallel gradient sync closes the iteration.
+
+All ranks of a pipeline stage run the same op sequence (they differ only in which group of each
+dimension they belong to), so a Program stores one op list per stage; ``ops_for_rank`` gives a
+rank its own list. Communication ops name their dimension, which is how planners know the phase.
+
+Bytes per op (Megatron-LM conventions, bf16 unless the model says otherwise):
+- tp: two all-reduces of the micro-batch activations per layer forward, two backward;
+- cp: ring attention passes K and V around the cp ring (all-gather forward, reduce-scatter of
+  their gradients backward), per layer;
+- ep: dispatch and combine all-to-alls of the routed tokens per MoE layer, both ways;
+- pp: each rank sends its 1/tp share of the stage-boundary activation (scatter-gather), and the
+  same for the gradient backward;
+- dp: the stage's gradients (its parameters / tp), all-reduced or, with ``zero``, reduce-scattered
+  then all-gathered; split into ``dp_buckets`` buckets launched as the last backward proceeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightrail.errors import InfeasibleError
+from lightrail.workload.hardware import GPU, compute_seconds
+from lightrail.workload.model import ModelSpec
+from lightrail.workload.parallel import Dim, Layout
+
+__all__ = ["Compute", "Collective", "Send", "Recv", "Op", "TrainingJob", "Program", "build_program"]
+
+
+@dataclass(frozen=True)
+class Compute:
+    seconds: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    """``count`` back-to-back collectives of ``kind`` on the rank's ``dim`` group, ``nbytes`` each.
+
+    An ``asynchronous`` collective is issued and left running while the rank goes on (gradient
+    buckets overlapping the backward); the iteration ends when it completes.
+    """
+
+    dim: Dim
+    kind: str
+    nbytes: float
+    label: str
+    count: int = 1
+    asynchronous: bool = False
+
+
+@dataclass(frozen=True)
+class Send:
+    """Pipeline send to the stage ``offset`` away (+1 next, -1 previous)."""
+
+    offset: int
+    nbytes: float
+    label: str
+    dim: Dim = Dim.PP
+
+
+@dataclass(frozen=True)
+class Recv:
+    offset: int
+    label: str
+    dim: Dim = Dim.PP
+
+
+Op = Compute | Collective | Send | Recv
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingJob:
+    """A model trained with a parallel layout on a kind of GPU; checked on construction."""
+
+    model: ModelSpec
+    layout: Layout
+    gpu: GPU
+    micro_batches: int
+    """Micro-batches per pipeline per iteration (global batch = micro_batches * micro_batch_size * dp * ep)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch."""
+    mfu: float = 0.4
+    """Achieved fraction of peak FLOP/s for compute (roofline)."""
+    zero: bool = False
+    """Data parallelism as ZeRO-style reduce-scatter + all-gather instead of all-reduce."""
+    dp_buckets: int = 1
+    """Gradient buckets; bucket k is launched when k/buckets of the last backward is done."""
+    grad_bytes: int = 2
+    """Bytes per gradient element in the data-parallel sync (bf16)."""
+
+    def __post_init__(self):
+        m, lay = self.model, self.layout
+        checks = [
+            (m.layers % lay.pp == 0, "parallel.pp", f"{m.layers} layers do not split into pp={lay.pp} stages",
+             "choose pp dividing the layer count"),
+            (m.heads % lay.tp == 0, "parallel.tp", f"{m.heads} heads do not split over tp={lay.tp}",
+             "choose tp dividing the head count"),
+            (lay.ep == 1 or m.experts > 0, "parallel.ep", f"ep={lay.ep} needs a mixture-of-experts model",
+             "set ep to 1 or pick an MoE model"),
+            (lay.ep == 1 or m.experts % lay.ep == 0, "parallel.ep",
+             f"{m.experts} experts do not split over ep={lay.ep}", "choose ep dividing the expert count"),
+            (m.seq_len % lay.cp == 0, "parallel.cp", f"sequence length {m.seq_len} does not split over cp={lay.cp}",
+             "choose cp dividing the sequence length"),
+            (self.micro_batches >= 1, "job.micro_batches", f"{self.micro_batches} micro-batches", "use 1 or more"),
+            (self.micro_batch_size >= 1, "job.micro_batch_size", f"{self.micro_batch_size}", "use 1 or more"),
+            (self.dp_buckets >= 1, "job.dp_buckets", f"{self.dp_buckets} buckets", "use 1 or more"),
+            (0 < self.mfu <= 1, "job.mfu", f"mfu={self.mfu}", "use a fraction in (0, 1], e.g. 0.4"),
+        ]
+        for ok, fld, message, fix in checks:
+            if not ok:
+                raise InfeasibleError(message, field=fld, fix=fix)
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens one rank processes per micro-batch (its context-parallel share of the sequences)."""
+        return self.micro_batch_size * self.model.seq_len // self.layout.cp
+
+    def stage_layers(self, stage: int) -> range:
+        per = self.model.layers // self.layout.pp
+        return range(stage * per, (stage + 1) * per)
+
+    def stage_params(self, stage: int) -> tuple[int, int]:
+        """(dense, expert) parameters of a stage held by one rank (tp-sharded, experts ep-sharded)."""
+        m, lay = self.model, self.layout
+        dense = expert = 0
+        for i in self.stage_layers(stage):
+            routed = m.expert_params(i)
+            dense += m.layer_params(i) - routed
+            expert += routed
+        if stage == 0:
+            dense += m.vocab * m.hidden
+        if stage == lay.pp - 1 and not m.tied_embeddings:
+            dense += m.vocab * m.hidden
+        return dense // lay.tp, expert // (lay.tp * lay.ep)
+
+
+@dataclass(frozen=True)
+class Program:
+    """Per pipeline stage, the ops of one iteration; every rank of the stage runs that list."""
+
+    job: TrainingJob
+    stages: tuple[tuple[Op, ...], ...]
+    notes: dict = field(default_factory=dict)
+
+    def ops_for_rank(self, rank: int) -> tuple[Op, ...]:
+        if not 0 <= rank < self.job.layout.world:
+            raise InfeasibleError(f"rank {rank} is not in 0..{self.job.layout.world - 1}", field="rank")
+        return self.stages[rank // (self.job.layout.world // self.job.layout.pp)]
+
+    def count(self, kind: type) -> int:
+        return sum(isinstance(op, kind) for ops in self.stages for op in ops)
+
+
+def _stage_costs(job: TrainingJob, stage: int) -> dict:
+    """Seconds and bytes of one micro-batch on one rank of ``stage`` (pass 2)."""
+    m, lay = job.model, job.layout
+    tokens = job.tokens_per_rank
+    layers = job.stage_layers(stage)
+    flops = sum(m.layer_flops(i, tokens) for i in layers)
+    if stage == lay.pp - 1:
+        flops += m.logits_flops(tokens)
+    fwd = compute_seconds(flops / lay.tp, job.gpu, job.mfu)
+    act = m.activation_bytes(tokens)
+    moe = sum(m.is_moe_layer(i) for i in layers)
+    return {
+        "fwd": fwd,
+        "bwd": fwd * m.backward_factor,
+        "tp": (act, 2 * len(layers)),
+        "cp": (m.kv_bytes(tokens) / lay.tp, len(layers)),
+        "ep": (m.moe_dispatch_bytes(tokens) / lay.tp, 2 * moe),
+        "pp": act / lay.tp,
+    }
+
+
+def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward: bool) -> list[Op]:
+    """Ops of micro-batch j's forward or backward on a stage (pass 3)."""
+    lay = job.layout
+    last = lay.pp - 1
+    tag = f"{'B' if backward else 'F'}{j}"
+    ops: list[Op] = []
+    if not backward and stage > 0:
+        ops.append(Recv(-1, f"{tag} act"))
+    if backward and stage < last:
+        ops.append(Recv(+1, f"{tag} grad"))
+    ops.append(Compute(costs["bwd" if backward else "fwd"], tag))
+    if lay.tp > 1:
+        ops.append(Collective(Dim.TP, "allreduce", costs["tp"][0], f"{tag} tp", costs["tp"][1]))
+    if lay.cp > 1:
+        ops.append(Collective(Dim.CP, "reducescatter" if backward else "allgather", costs["cp"][0] * lay.cp,
+                              f"{tag} cp", costs["cp"][1]))
+    if lay.ep > 1 and costs["ep"][1]:
+        ops.append(Collective(Dim.EP, "alltoall", costs["ep"][0], f"{tag} ep", costs["ep"][1]))
+    if not backward and stage < last:
+        ops.append(Send(+1, costs["pp"], f"{tag} act"))
+    if backward and stage > 0:
+        ops.append(Send(-1, costs["pp"], f"{tag} grad"))
+    return ops
+
+
+def _one_f_one_b(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
+    """PipeDream-flush / Megatron 1F1B order of (micro-batch, is_backward) for a stage."""
+    m, p = job.micro_batches, job.layout.pp
+    warmup = min(p - stage - 1, m)
+    order = [(j, False) for j in range(warmup)]
+    for k in range(m - warmup):
+        order += [(warmup + k, False), (k, True)]
+    order += [(j, True) for j in range(m - warmup, m)]
+    return order
+
+
+def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[Op]) -> list[Op]:
+    """Pass 4: split the last backward into buckets and launch each bucket's sync after its part."""
+    lay = job.layout
+    dense, expert = job.stage_params(stage)
+    total = (dense + expert) * job.grad_bytes
+    if lay.dp == 1 or total == 0:
+        return last_backward
+    b = job.dp_buckets
+    compute = next(op for op in last_backward if isinstance(op, Compute))
+    ops: list[Op] = []
+    for op in last_backward:
+        if op is not compute:
+            ops.append(op)
+            continue
+        for k in range(b):
+            ops.append(Compute(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
+            kind = "reducescatter" if job.zero else "allreduce"
+            ops.append(Collective(Dim.DP, kind, total / b, f"dp bucket {k}", asynchronous=True))
+    if job.zero:  # parameters are gathered back once the optimizer step has run on the shards
+        ops.append(Collective(Dim.DP, "allgather", total, "dp allgather params"))
+    return ops
+
+
+def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
+    """Compile one 1F1B iteration of ``job`` into per-stage op lists.
+
+    ``defer_dp`` moves the gradient buckets after the stage's last pipeline send, so they run as one
+    phase at the end instead of overlapping the last backward (a photonic-rails planner choice).
+    """
+    stages = []
+    for s in range(job.layout.pp):
+        costs = _stage_costs(job, s)
+        order = _one_f_one_b(job, s)
+        ops: list[Op] = []
+        for idx, (j, backward) in enumerate(order):
+            chunk = _micro_batch_ops(job, costs, s, j, backward)
+            if idx == len(order) - 1:
+                chunk = _gradient_sync(job, s, chunk)
+                if defer_dp:
+                    dp = [op for op in chunk if getattr(op, "dim", None) is Dim.DP]
+                    chunk = [op for op in chunk if getattr(op, "dim", None) is not Dim.DP] + dp
+            ops.extend(chunk)
+        stages.append(tuple(ops))
+    return Program(job, tuple(stages), {"defer_dp": defer_dp})
