@@ -160,9 +160,13 @@ class _Rails:
         self.phase_configs = phase_configs
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, phase
 
-    def ensure(self, req: Requirement, t: float) -> tuple[float, float]:
-        """Install ``req``'s circuits (if missing) no earlier than ``t``.
+    def ensure(self, req: Requirement, t: float, earliest: float) -> tuple[float, float]:
+        """Make ``req``'s circuits present for an op that arrives at ``t``.
 
+        A missing circuit is switched in starting no earlier than ``earliest`` (``t`` on demand; the
+        end of the actor's previous phase when provisioned, since the next phase is known from the
+        program) and no earlier than the last use of any port it changes. Every use of those ports
+        before ``t`` is already known (events run in time order), so starting in the past is safe.
         Returns (when the circuits are lit, when the op can run: lit and its ports free).
         """
         rail, tx, rx = req.circuits
@@ -171,9 +175,9 @@ class _Rails:
         lit = t
         if self.fabric.circuits:
             if self.params.partial:
-                self._ports(rail, tx, rx, t, req.phase)
+                self._ports(rail, tx, rx, earliest, req.phase)
             else:
-                self._switch(rail, tx, rx, t, req.phase)
+                self._switch(rail, tx, rx, earliest, req.phase)
             lit = max(t, self.tx_dark[rail, tx].max(), self.rx_dark[rail, rx].max())
         return lit, max(lit, self.tx_busy[rail, tx].max(), self.rx_busy[rail, rx].max())
 
@@ -248,21 +252,14 @@ class _Simulation:
         self.rails = _Rails(planner, fabric, configs)
         self.layout = program.job.layout
 
-    def _next_comm(self, stage: int, index: int):
-        ops = self.program.stages[stage]
-        for op in ops[index:]:
-            if isinstance(op, (Collective, Send)):
-                return op
-        return None
-
     def run(self, t0: float, *, record: bool) -> float:
         pp = self.layout.pp
         queue: list = []
         seq = 0
 
-        def push(time, kind, stage, payload=None):
+        def push(time, stage):
             nonlocal seq
-            heapq.heappush(queue, (time, seq, kind, stage, payload))
+            heapq.heappush(queue, (time, seq, stage))
             seq += 1
 
         index = [0] * pp
@@ -274,14 +271,11 @@ class _Simulation:
         self.events: list = [] if record else None
         reconfig_mark = len(self.rails.reconfigs)
         for s in range(pp):
-            push(t0, "op", s)
-        provisioned = self.planner.params.mode == "provisioned" and self.fabric.circuits
+            push(t0, s)
+        provisioned = self.planner.params.mode == "provisioned"
+        prior = list(self.prior) if hasattr(self, "prior") else [t0] * pp  # end of each actor's last comm op
         while queue:
-            t, _, kind, s, payload = heapq.heappop(queue)
-            if kind == "provision":
-                if payload is not None:
-                    self.rails.ensure(payload, t)
-                continue
+            t, _, s = heapq.heappop(queue)
             ops = self.program.stages[s]
             if index[s] >= len(ops):
                 finish[s] = t
@@ -292,7 +286,7 @@ class _Simulation:
                 self._event(track, op.label, "compute", t, op.seconds)
                 self.acc[s]["compute"] += op.seconds
                 index[s] += 1
-                push(t + op.seconds, "op", s)
+                push(t + op.seconds, s)
                 continue
             if isinstance(op, Recv):
                 key = (s + op.offset, s)
@@ -302,7 +296,7 @@ class _Simulation:
                         self._event(track, f"wait {op.label}", "bubble", t, ready - t)
                         self.acc[s]["bubble"] += ready - t
                     index[s] += 1
-                    push(max(t, ready), "op", s)
+                    push(max(t, ready), s)
                 else:
                     waiting[key] = s  # woken by the matching send
                 continue
@@ -312,7 +306,7 @@ class _Simulation:
             now = t
             for _ in range(repeat):
                 for part, req in enumerate(reqs):
-                    lit, ready = self.rails.ensure(req, now)
+                    lit, ready = self.rails.ensure(req, now, prior[s] if provisioned else now)
                     seconds = self.durations.seconds(op, part, req)
                     if len(reqs) == 1 and isinstance(op, Collective):
                         seconds *= op.count
@@ -334,14 +328,12 @@ class _Simulation:
                 channel.setdefault(key, []).append(now)
                 if key in waiting:
                     r = waiting.pop(key)
-                    push(t, "op", r)  # re-run its receive, which now finds the send
+                    push(t, r)  # re-run its receive, which now finds the send
             index[s] += 1
-            if provisioned and not getattr(op, "asynchronous", False):
-                nxt = self._next_comm(s, index[s])
-                if nxt is not None:
-                    push(end, "provision", s, self.planner.requirements(nxt, s)[0])
-            push(end, "op", s)
+            prior[s] = max(prior[s], now)
+            push(end, s)
         end_time = max(max(finish), async_end, float(np.max(self.rails.tx_busy, initial=t0)))
+        self.prior = prior
         if record:
             self.t0, self.t1 = t0, end_time
             self.reconfig_window = self.rails.reconfigs[reconfig_mark:]
