@@ -254,6 +254,150 @@ def collective_sweep_cmd(
     out.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'sweep.csv'}, {out_dir / 'sweep.png'}")
 
 
+Scenario = Annotated[Path | None, typer.Argument(help="Scenario file (.yaml/.json); default: the embedded "
+                                                      "Llama-3 70B on 2,048 H200 scenario.", show_default=False)]
+Delay = Annotated[str | None, typer.Option("--delay", help="Override the OCS reconfiguration delay, e.g. 25ms.")]
+ModeOpt = Annotated[str | None, typer.Option("--mode", help="Override the OCS mode: on-demand or provisioned.")]
+
+
+def _built(scenario: Path | None, delay: str | None = None, mode: str | None = None):
+    from dataclasses import replace
+
+    from lightrail.scenario import load_scenario
+
+    loaded, base = load_scenario(scenario)
+    built = loaded.build(base)
+    if delay is not None:
+        built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(delay, field="--delay")))
+    if mode is not None:
+        m = mode.replace("-", "_")
+        if m not in ("on_demand", "provisioned"):
+            raise ScenarioError(f"unknown mode {mode!r}", field="--mode", fix="use on-demand or provisioned")
+        built = replace(built, params=replace(built.params, mode=m))
+    return built
+
+
+def _progress(total: int, label: str, quiet: bool):
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err, transient=True, disable=quiet or not err.is_terminal)
+    return progress, progress.add_task(label, total=total)
+
+
+@app.command("check")
+@friendly
+def check_cmd(scenario: Scenario = None):
+    """Validate a scenario file without simulating (exit 2 and the field at fault if it is wrong)."""
+    built = _built(scenario)
+    out.print(f"ok: {built.scenario.name}: {built.model.name} on {built.job.layout.world} {built.gpu.name}, "
+              f"{built.job.layout}, {built.job.micro_batches} micro-batches")
+
+
+@app.command("simulate")
+@friendly
+def simulate_cmd(
+    scenario: Scenario = None,
+    delay: Delay = None,
+    mode: ModeOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json, trace.json and breakdown.png.")]
+    = Path("out/simulate"),
+    as_json: JsonOut = False,
+):
+    """Electrical vs photonic rails for one training job: iteration time, overhead, reconfigurations,
+    power and cost, the policy ablation; writes a Perfetto trace and a breakdown plot."""
+    from lightrail.report.files import write_json
+    from lightrail.report.plots import plot_breakdown
+    from lightrail.sim.photonic_rails import ABLATION, compare_rails
+    from lightrail.sim.trace import chrome_trace
+
+    built = _built(scenario, delay, mode)
+    progress, task = _progress(3 + len(ABLATION), f"simulating {built.scenario.name}", as_json)
+    with progress:
+        result = compare_rails(built, progress=lambda name: progress.update(task, advance=1, description=name))
+    runs = result.pop("_results")
+    trace = chrome_trace(runs["photonic"], built.job.layout)
+    rows = {f"{name} rails" if name != "ideal" else "ideal rails (OCS, 0 delay)": summary
+            for name, summary in result["breakdown"].items()}
+    plot_breakdown(rows, out_dir / "breakdown.png",
+                   title=f"{built.scenario.name}: {built.job.layout}, OCS delay "
+                         f"{format_time(built.fabric.reconfig_delay)}, {built.params.mode.replace('_', '-')}")
+    write_json(out_dir / "trace.json", trace)
+    write_json(out_dir / "summary.json", result)
+    if as_json:
+        _print_json(result)
+        return
+    e, p = result["breakdown"]["electrical"], result["breakdown"]["photonic"]
+    ce, cp = result["costs"]["electrical"], result["costs"]["photonic"]
+    table = Table(title=f"{built.scenario.name}: {built.model.name} on {result['gpus']} x {built.gpu.name}, "
+                        f"{result['layout']}")
+    table.add_column("")
+    table.add_column("electrical rails", justify="right")
+    table.add_column(f"photonic rails ({format_time(built.fabric.reconfig_delay)})", justify="right")
+    table.add_row("iteration time", format_time(e["iteration_time_s"]), format_time(p["iteration_time_s"]))
+    table.add_row("overhead", "-", f"{result['overhead'] * 100:+.2f}%")
+    for key, label in (("compute_s", "compute"), ("communication_s", "exposed communication"),
+                       ("reconfiguration_s", "reconfiguration stall"), ("bubble_s", "pipeline bubble")):
+        table.add_row(f"  {label}", format_time(e[key]), format_time(p[key]))
+    table.add_row("reconfigurations / iteration / rail", "0", f"{result['reconfigurations_per_iteration']:.1f}")
+    table.add_row("rail network power", f"{ce['power_w'] / 1e3:,.1f} kW", f"{cp['power_w'] / 1e3:,.1f} kW")
+    table.add_row("rail network cost", f"${ce['capex_usd'] / 1e6:,.2f}M", f"${cp['capex_usd'] / 1e6:,.2f}M")
+    table.add_row("electrical / photonic", "", f"power {result['power_ratio']:.1f}x, cost {result['cost_ratio']:.2f}x")
+    out.print(table)
+    ablation = Table(title=f"policy ablation ({built.params.mode.replace('_', '-')})")
+    for col in ("policy", "iteration time", "overhead", "reconfigurations / rail"):
+        ablation.add_column(col, justify="left" if col == "policy" else "right")
+    for row in result["ablation"]:
+        ablation.add_row(row["policy"], format_time(row["iteration_time_s"]), f"{row['overhead'] * 100:+.2f}%",
+                         f"{row['reconfigurations_per_iteration']:.1f}")
+    out.print(ablation)
+    out.print(f"ideal rail (zero-delay OCS): {format_time(result['ideal_iteration_time_s'])}; wrote "
+              f"{out_dir / 'summary.json'}, {out_dir / 'trace.json'} (open in ui.perfetto.dev), "
+              f"{out_dir / 'breakdown.png'}")
+
+
+DEFAULT_DELAYS = "0,10ms,50ms,100ms,250ms,500ms,750ms,1s"
+
+
+@app.command("sweep")
+@friendly
+def sweep_cmd(
+    scenario: Scenario = None,
+    delays: Annotated[str, typer.Option("--delays", help="Comma list of OCS delays.")] = DEFAULT_DELAYS,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for sweep.json and overhead.png.")]
+    = Path("out/delay-sweep"),
+    as_json: JsonOut = False,
+):
+    """Sweep the OCS reconfiguration delay in both modes (lightrail's policy and the original Opus)."""
+    from lightrail.report.files import write_json
+    from lightrail.report.plots import plot_delay_sweep
+    from lightrail.sim.photonic_rails import delay_sweep
+
+    values = [parse_time(d, field="--delays") for d in delays.split(",") if d.strip()]
+    if not values:
+        raise ScenarioError(f"{delays!r} lists no delay", field="--delays", fix=f"e.g. {DEFAULT_DELAYS}")
+    built = _built(scenario)
+    progress, task = _progress(4 * len(values), f"sweeping {built.scenario.name}", as_json)
+    with progress:
+        result = delay_sweep(built, values, progress=lambda name: progress.update(task, advance=1, description=name))
+    plot_delay_sweep(result["rows"], out_dir / "overhead.png",
+                     title=f"{built.scenario.name}: {built.job.layout}, overhead of photonic rails")
+    write_json(out_dir / "sweep.json", result)
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"{built.scenario.name}: overhead vs electrical rails "
+                        f"({format_time(result['baseline_iteration_time_s'])} per iteration)")
+    table.add_column("delay", justify="right")
+    keys = list(dict.fromkeys((r["policy"], r["mode"]) for r in result["rows"]))
+    for policy, m in keys:
+        table.add_column(f"{policy} {m}", justify="right")
+    for d in values:
+        cells = [next(f"{r['overhead'] * 100:+.2f}%" for r in result["rows"]
+                      if (r["policy"], r["mode"], r["delay_s"]) == (policy, m, d)) for policy, m in keys]
+        table.add_row(format_time(d) if d else "0", *cells)
+    out.print(table)
+    out.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'overhead.png'}")
+
+
 def _kind(op: str) -> Kind:
     from lightrail.collectives.registry import _parse_kind
 

@@ -51,7 +51,7 @@ class OpusParams:
     partial: bool = True
     skip_present: bool = True
     split_pp: bool = True
-    defer_dp: bool = False
+    defer_dp: bool = True
 
     def __post_init__(self):
         if self.mode not in ("on_demand", "provisioned"):
@@ -66,7 +66,7 @@ class OpusParams:
 ORIGINAL = OpusParams(partial=False, skip_present=False, split_pp=False, defer_dp=False)
 """The published Opus policy: whole-switch reconfiguration at every phase change."""
 LIGHTRAIL = OpusParams()
-"""lightrail's default: partial, skip-if-present, direction-split pipeline rails."""
+"""lightrail's default: every improvement on (partial, skip-if-present, split pipeline rails, deferred DP)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lightrail.report.files import write_atomic  # noqa: E402
 from lightrail.units import format_size  # noqa: E402
 
-__all__ = ["plot_sweep"]
+__all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep"]
 
 
 def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
@@ -36,6 +36,51 @@ def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     ax_bw.set_ylabel("bus bandwidth (GB/s)")
     ax_t.legend(fontsize=8)
     fig.suptitle(title)
+    fig.tight_layout()
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
+    """Stacked bars of an iteration's time (compute, communication, reconfiguration, bubble) per fabric."""
+    parts = [("compute_s", "compute", "#4C72B0"), ("communication_s", "exposed communication", "#55A868"),
+             ("reconfiguration_s", "reconfiguration stall", "#C44E52"), ("bubble_s", "pipeline bubble", "#CCCCCC")]
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    names = list(rows)
+    left = [0.0] * len(names)
+    for key, label, color in parts:
+        values = [rows[n][key] for n in names]
+        ax.barh(names, values, left=left, label=label, color=color)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    for i, n in enumerate(names):
+        ax.text(left[i], i, f"  {rows[n]['iteration_time_s']:.3f} s", va="center", fontsize=9)
+    ax.set_xlabel("seconds per iteration (mean over pipeline stages)")
+    ax.set_xlim(0, max(left) * 1.18)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_delay_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
+    """Training overhead against OCS reconfiguration delay, one line per (policy, mode)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    keys = list(dict.fromkeys((r["policy"], r["mode"]) for r in rows))
+    for policy, mode in keys:
+        mine = sorted((r for r in rows if (r["policy"], r["mode"]) == (policy, mode)), key=lambda r: r["delay_s"])
+        ax.plot([r["delay_s"] * 1e3 for r in mine], [r["overhead"] * 100 for r in mine], marker="o", ms=4,
+                linestyle="-" if policy == "lightrail" else "--", label=f"{policy}, {mode}")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel("OCS reconfiguration delay (ms)")
+    ax.set_ylabel("iteration time overhead vs electrical rails (%)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)

@@ -273,7 +273,7 @@ class _Simulation:
         for s in range(pp):
             push(t0, s)
         provisioned = self.planner.params.mode == "provisioned"
-        prior = list(self.prior) if hasattr(self, "prior") else [t0] * pp  # end of each actor's last comm op
+        prior = list(self.prior) if hasattr(self, "prior") else [t0] * pp  # end of each actor's last rail op
         while queue:
             t, _, s = heapq.heappop(queue)
             ops = self.program.stages[s]
@@ -330,7 +330,8 @@ class _Simulation:
                     r = waiting.pop(key)
                     push(t, r)  # re-run its receive, which now finds the send
             index[s] += 1
-            prior[s] = max(prior[s], now)
+            if any(req.ncircuits for req in reqs):  # ops that stay inside servers (tp) do not end a rail phase
+                prior[s] = max(prior[s], now)
             push(end, s)
         end_time = max(max(finish), async_end, float(np.max(self.rails.tx_busy, initial=t0)))
         self.prior = prior

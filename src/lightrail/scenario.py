@@ -1,0 +1,186 @@
+"""Scenario files: one YAML/JSON document holds model, cluster, parallelism, job, OCS and cost overrides.
+
+Validated at the edge with pydantic (unknown fields are refused), quantities read with units
+(``400Gbps``, ``10ms``), and turned into the core's objects by :meth:`Scenario.build`. Every error
+is a :class:`ScenarioError` naming the field (``parallel.tp``, ``ocs.reconfig_delay``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lightrail.control.opus import OpusParams
+from lightrail.errors import ScenarioError
+from lightrail.sim.cost import CostFacts
+from lightrail.sim.iteration import RailFabric
+from lightrail.units import parse_rate, parse_time
+from lightrail.workload.hardware import GPU, gpu
+from lightrail.workload.importers import model_from_hf_config
+from lightrail.workload.model import ModelSpec, preset
+from lightrail.workload.parallel import Layout
+from lightrail.workload.program import TrainingJob
+
+__all__ = ["Scenario", "Built", "DEFAULT_SCENARIO", "load_scenario", "parse_scenario"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Strict):
+    preset: str | None = Field(None, description="A preset: debug, llama3-8b, llama3-70b, llama3-405b, gpt3-175b, "
+                                                 "mixtral-8x7b, deepseek-v3.")
+    hf_config: str | None = Field(None, description="Path to a HuggingFace config.json (relative to the scenario).")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="ModelSpec fields to change, e.g. seq_len.")
+
+
+class ClusterSection(_Strict):
+    gpus: int = Field(description="Number of GPUs in the job.")
+    gpus_per_server: int = Field(8, description="GPUs per server (NVLink domain) = rails.")
+    gpu: str = Field("h200", description="GPU preset: h100, h200, b200, a100.")
+    rail_bandwidth: str | None = Field(None, description="NIC / rail rate per GPU, e.g. 400Gbps (default: the GPU's).")
+    nvlink_bandwidth: str | None = Field(None, description="NVLink rate per GPU per direction (default: the GPU's).")
+    latency: str = Field("1us", description="Latency per hop.")
+    alpha: str = Field("3us", description="Start-up cost per collective step.")
+
+
+class ParallelSection(_Strict):
+    tp: int = Field(1, description="Tensor parallel degree (inside a server).")
+    cp: int = Field(1, description="Context parallel degree.")
+    ep: int = Field(1, description="Expert parallel degree (MoE models).")
+    dp: int = Field(-1, description="Data parallel degree; -1 = the rest.")
+    pp: int = Field(1, description="Pipeline stages.")
+
+
+class JobSection(_Strict):
+    micro_batches: int = Field(description="Micro-batches per pipeline per iteration.")
+    micro_batch_size: int = Field(1, description="Sequences per micro-batch.")
+    mfu: float = Field(0.4, description="Fraction of peak FLOP/s achieved by compute.")
+    zero: bool = Field(False, description="Data parallel sync as reduce-scatter + all-gather (ZeRO).")
+    dp_buckets: int = Field(4, description="Gradient buckets overlapping the last backward.")
+    grad_bytes: int = Field(2, description="Bytes per gradient element in the sync (2 = bf16).")
+
+
+class OcsSection(_Strict):
+    reconfig_delay: str = Field("10ms", description="OCS reconfiguration delay (MEMS: 10-25 ms).")
+    mode: Literal["on_demand", "provisioned"] = Field("provisioned", description="When to reconfigure.")
+    partial: bool = Field(True, description="Reconfigure only the ports that change (Opus: whole switch).")
+    skip_present: bool = Field(True, description="Skip a reconfiguration when the circuits are already there.")
+    split_pp: bool = Field(True, description="Forward pipeline traffic on even rails, backward on odd rails.")
+    defer_dp: bool = Field(True, description="Run gradient buckets after the last pipeline send, as one phase.")
+
+
+class Scenario(_Strict):
+    """A whole simulation input (see ``examples/*.yaml`` for annotated copies)."""
+
+    name: str = Field("scenario", description="A label for outputs.")
+    model: str | ModelSection = Field(description="A preset name, or a model section.")
+    cluster: ClusterSection
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    job: JobSection
+    ocs: OcsSection = Field(default_factory=OcsSection)
+    costs: dict[str, float | int | bool] = Field(default_factory=dict, description="CostFacts overrides.")
+
+    def build(self, base: Path | None = None) -> Built:
+        """The core objects; raises ScenarioError / InfeasibleError naming the field at fault."""
+        model = _model(self.model, base)
+        accel = gpu(self.cluster.gpu)
+        c = self.cluster
+        nic = parse_rate(c.rail_bandwidth, field="cluster.rail_bandwidth") if c.rail_bandwidth else accel.nic_bandwidth
+        nvl = parse_rate(c.nvlink_bandwidth, field="cluster.nvlink_bandwidth") if c.nvlink_bandwidth \
+            else accel.nvlink_bandwidth
+        layout = Layout.from_degrees(c.gpus, gpus_per_server=c.gpus_per_server, **self.parallel.model_dump())
+        job = TrainingJob(model=model, layout=layout, gpu=accel, **self.job.model_dump())
+        fabric = RailFabric(kind="photonic", reconfig_delay=parse_time(self.ocs.reconfig_delay,
+                                                                       field="ocs.reconfig_delay"),
+                            nic_bandwidth=nic, nvlink_bandwidth=nvl,
+                            latency=parse_time(c.latency, field="cluster.latency"),
+                            alpha=parse_time(c.alpha, field="cluster.alpha"))
+        params = OpusParams(**self.ocs.model_dump(exclude={"reconfig_delay"}))
+        known = {f.name for f in fields(CostFacts)}
+        unknown = sorted(set(self.costs) - known)
+        if unknown:
+            raise ScenarioError(f"unknown cost fact {unknown[0]!r}", field=f"costs.{unknown[0]}",
+                                fix="use a CostFacts field, e.g. ocs_port_price_usd")
+        rail_speed = "800G" if nic >= 800e9 / 8 else "400G"
+        return Built(self, model, accel, job, fabric, params, CostFacts(**self.costs), rail_speed)
+
+
+@dataclass(frozen=True)
+class Built:
+    scenario: Scenario
+    model: ModelSpec
+    gpu: GPU
+    job: TrainingJob
+    fabric: RailFabric
+    params: OpusParams
+    costs: CostFacts
+    rail_speed: str
+
+
+def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:
+    if isinstance(spec, str):
+        return preset(spec)
+    if (spec.preset is None) == (spec.hf_config is None):
+        raise ScenarioError("give exactly one of preset or hf_config", field="model",
+                            fix="e.g. model: {preset: llama3-8b} or model: {hf_config: config.json}")
+    if spec.preset is not None:
+        model = preset(spec.preset)
+    else:
+        path = Path(spec.hf_config)
+        if base is not None and not path.is_absolute():
+            path = base / path
+        model = model_from_hf_config(path)
+    try:
+        return model.with_(**spec.overrides) if spec.overrides else model
+    except TypeError as e:
+        raise ScenarioError(str(e), field="model.overrides") from None
+
+
+DEFAULT_SCENARIO: dict = {
+    "name": "llama3-70b-2048xh200",
+    "model": "llama3-70b",
+    "cluster": {"gpus": 2048, "gpus_per_server": 8, "gpu": "h200", "rail_bandwidth": "400Gbps"},
+    "parallel": {"tp": 8, "pp": 8, "dp": 32},
+    "job": {"micro_batches": 16, "micro_batch_size": 1, "mfu": 0.4, "dp_buckets": 4},
+    "ocs": {"reconfig_delay": "10ms", "mode": "provisioned"},
+}
+"""Llama-3 70B on 2,048 H200 GPUs, TP8 x PP8 x DP32, 400 Gb/s rails, OCS delay 10 ms."""
+
+
+def parse_scenario(data: Any, *, source: str = "scenario") -> Scenario:
+    """Validate a scenario mapping; the error names the first bad field and the fix."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source} must be a mapping of sections", field=source,
+                            fix="see examples/llama3-70b-2048xh200.yaml")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "ModelSection"))) or source
+        kind = err["type"]
+        fix = {"extra_forbidden": "remove it or check its spelling (see examples/)",
+               "missing": "add it (see examples/)"}.get(kind, "see examples/ for the expected form")
+        raise ScenarioError(err["msg"].lower(), field=where, fix=fix) from None
+
+
+def load_scenario(path: str | Path | None) -> tuple[Scenario, Path | None]:
+    """Read a YAML or JSON scenario (None: the embedded default); returns it and its folder."""
+    if path is None:
+        return parse_scenario(DEFAULT_SCENARIO), None
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(f"no file {str(path)!r}", field="SCENARIO", fix="give the path of a .yaml or .json file")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise ScenarioError(f"cannot read {path.name}: {str(e).splitlines()[0]}", field="SCENARIO") from None
+    return parse_scenario(data, source=path.name), path.parent
+
