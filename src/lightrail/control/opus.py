@@ -156,22 +156,25 @@ class OpusPlanner:
         groups = self._stage_groups(op.dim, stage)
         kind, algo = _schedule_name(op.kind)
         schedule = generate(kind, algo, groups.shape[1]) if groups.shape[1] > 1 else None
-        steps = []
-        for st in (schedule.steps if schedule is not None else ()):
-            pairs = np.unique(np.stack([st.src, st.dst]), axis=1)
-            steps.append((groups[:, pairs[0]].ravel(), groups[:, pairs[1]].ravel()))
-        # Greedy: extend a part while its circuits stay one matching per rail.
+        k = groups.shape[1]
+        # Greedy: extend a part while its circuits stay one matching per rail. Steps with the same
+        # pairs as the previous one (every step of a ring) add nothing and are not recomputed.
         parts: list[Requirement] = []
         current: list = []
         circuits = (np.zeros(0, np.int64),) * 3
-        for src, dst in steps:
-            step_circuits = self._circuits(src, dst)
-            merged = self._union(circuits, step_circuits)
-            if current and not self._is_matching(merged):
-                parts.append(Requirement(f"{op.dim.value}", tuple(current), circuits))
-                current, merged = [], step_circuits
+        last_key = None
+        for st in (schedule.steps if schedule is not None else ()):
+            codes = np.unique(st.src.astype(np.int64) * k + st.dst)
+            src, dst = groups[:, codes // k].ravel(), groups[:, codes % k].ravel()
+            key = codes.tobytes()
+            if key != last_key:
+                step_circuits = self._circuits(src, dst)
+                merged = self._union(circuits, step_circuits)
+                if current and not self._is_matching(merged):
+                    parts.append(Requirement(f"{op.dim.value}", tuple(current), circuits))
+                    current, merged = [], step_circuits
+                circuits, last_key = merged, key
             current.append((src, dst))
-            circuits = merged
         if current or not parts:
             parts.append(Requirement(f"{op.dim.value}", tuple(current), circuits))
         if len(parts) > 1:

@@ -12,7 +12,8 @@ order), which is what lets the circuit state be decided causally:
   whole-switch policy). Then it runs for the time the engine gives on the state graph of its
   circuits (NVLink plus those circuits; electrical rails use the rail switches instead);
 - a receive waits for its matching send (blocking sends; FIFO per stage pair);
-- ops on the same NIC ports run one after the other (one communicator stream per port).
+- ops whose circuits are lit run at once, each timed on its own (their communicators share the
+  links; contention between different phases' ops is not charged, the same on every fabric).
 
 The reported iteration is the second of two run back to back, so the rails start in the state the
 previous iteration left them in (steady state), not empty.
@@ -160,18 +161,19 @@ class _Rails:
         self.phase_configs = phase_configs
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, phase
 
-    def ensure(self, req: Requirement, t: float, earliest: float) -> tuple[float, float]:
+    def ensure(self, req: Requirement, t: float, earliest: float) -> float:
         """Make ``req``'s circuits present for an op that arrives at ``t``.
 
         A missing circuit is switched in starting no earlier than ``earliest`` (``t`` on demand; the
         end of the actor's previous phase when provisioned, since the next phase is known from the
         program) and no earlier than the last use of any port it changes. Every use of those ports
         before ``t`` is already known (events run in time order), so starting in the past is safe.
-        Returns (when the circuits are lit, when the op can run: lit and its ports free).
+        Returns when the circuits are lit. Ops that share lit circuits run concurrently (their
+        communicators share the links; each is timed on its own).
         """
         rail, tx, rx = req.circuits
         if not len(rail):
-            return t, t
+            return t
         lit = t
         if self.fabric.circuits:
             if self.params.partial:
@@ -179,7 +181,7 @@ class _Rails:
             else:
                 self._switch(rail, tx, rx, earliest, req.phase)
             lit = max(t, self.tx_dark[rail, tx].max(), self.rx_dark[rail, rx].max())
-        return lit, max(lit, self.tx_busy[rail, tx].max(), self.rx_busy[rail, rx].max())
+        return lit
 
     def occupy(self, req: Requirement, start: float, end: float) -> None:
         rail, tx, rx = req.circuits
@@ -306,13 +308,13 @@ class _Simulation:
             now = t
             for _ in range(repeat):
                 for part, req in enumerate(reqs):
-                    lit, ready = self.rails.ensure(req, now, prior[s] if provisioned else now)
+                    ready = self.rails.ensure(req, now, prior[s] if provisioned else now)
                     seconds = self.durations.seconds(op, part, req)
                     if len(reqs) == 1 and isinstance(op, Collective):
                         seconds *= op.count
-                    if lit > now and not getattr(op, "asynchronous", False):
-                        self._event(track, f"circuits for {op.label}", "reconfiguration", now, lit - now)
-                        self.acc[s]["reconfiguration"] += lit - now
+                    if ready > now and not getattr(op, "asynchronous", False):
+                        self._event(track, f"circuits for {op.label}", "reconfiguration", now, ready - now)
+                        self.acc[s]["reconfiguration"] += ready - now
                     self.rails.occupy(req, ready, ready + seconds)
                     self._event(track if not getattr(op, "asynchronous", False) else f"stage {s} async",
                                 op.label, op.dim.value, ready, seconds)
