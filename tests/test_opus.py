@@ -1,0 +1,197 @@
+"""Opus planner and the iteration simulator: the checks the photonic-rails issue names, and exact
+small cases where the answer can be worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lightrail.control.opus import LIGHTRAIL, ORIGINAL, OpusParams, OpusPlanner, is_rail_configuration
+from lightrail.scenario import parse_scenario
+from lightrail.sim.iteration import RailFabric, simulate_iteration
+from lightrail.sim.trace import chrome_trace
+from lightrail.workload.parallel import Dim
+from lightrail.workload.program import Send, build_program
+
+DELAYS = [0.0, 1e-4, 1e-3, 10e-3, 50e-3, 250e-3]
+POLICIES = {"original": ORIGINAL, "lightrail": LIGHTRAIL,
+            "partial-only": replace(ORIGINAL, partial=True, skip_present=True)}
+
+
+def built(**sections):
+    base = {"name": "t", "model": "llama3-8b", "cluster": {"gpus": 64, "gpu": "h100"},
+            "parallel": {"tp": 8, "pp": 4, "dp": 2}, "job": {"micro_batches": 6, "dp_buckets": 2}}
+    base.update(sections)
+    return parse_scenario(base).build()
+
+
+JOBS = {
+    "pp4": built(),
+    "opus16": built(model="llama3-8b", cluster={"gpus": 16, "gpus_per_server": 4, "gpu": "a100"},
+                    parallel={"tp": 4, "pp": 2, "dp": 2}, job={"micro_batches": 8}),
+    "cp-zero": built(parallel={"tp": 4, "cp": 2, "pp": 2, "dp": 4}, job={"micro_batches": 4, "zero": True}),
+    "moe-ep": built(model={"preset": "mixtral-8x7b", "overrides": {"layers": 4}},
+                    cluster={"gpus": 64, "gpu": "h100"}, parallel={"tp": 4, "ep": 8, "pp": 2, "dp": 1},
+                    job={"micro_batches": 2}),
+}
+
+
+def run(b, *, kind="photonic", delay=10e-3, params=LIGHTRAIL):
+    fabric = replace(b.fabric, kind=kind, reconfig_delay=delay)
+    return simulate_iteration(build_program(b.job, defer_dp=params.defer_dp), fabric, params)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("mode", ["on_demand", "provisioned"])
+def test_zero_delay_photonic_equals_the_ideal_rail(job, policy, mode):
+    params = replace(POLICIES[policy], mode=mode)
+    photonic = run(JOBS[job], delay=0.0, params=params)
+    ideal = run(JOBS[job], kind="ideal", delay=0.5, params=params)  # the ideal rail ignores the delay
+    assert photonic.iteration_time_s == pytest.approx(ideal.iteration_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_overhead_never_decreases_with_delay_and_provisioned_never_loses(job, policy):
+    times = {}
+    for mode in ("on_demand", "provisioned"):
+        params = replace(POLICIES[policy], mode=mode)
+        times[mode] = [run(JOBS[job], delay=d, params=params).iteration_time_s for d in DELAYS]
+        assert all(a <= b * (1 + 1e-12) for a, b in zip(times[mode], times[mode][1:], strict=False)), times[mode]
+    for on_demand, provisioned in zip(times["on_demand"], times["provisioned"], strict=True):
+        assert provisioned <= on_demand * (1 + 1e-12)
+
+
+def test_a_data_parallel_only_job_never_reconfigures():
+    b = built(parallel={"tp": 8, "pp": 1, "dp": 8})
+    for params in (ORIGINAL, LIGHTRAIL, replace(LIGHTRAIL, mode="on_demand")):
+        r = run(b, delay=50e-3, params=params)
+        assert r.reconfigurations_per_rail == [0] * 8
+        assert r.reconfiguration_s == 0
+        assert r.iteration_time_s == pytest.approx(run(b, kind="ideal", params=params).iteration_time_s)
+
+
+def test_electrical_rails_never_reconfigure():
+    r = run(JOBS["pp4"], kind="electrical")
+    assert r.reconfigurations_per_rail == [0] * 8 and r.reconfiguration_s == 0
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_every_phase_configuration_is_one_circuit_per_port_on_every_rail(job):
+    b = JOBS[job]
+    for params in (ORIGINAL, LIGHTRAIL):
+        configs = OpusPlanner(b.job.layout, params).phase_configurations(build_program(b.job).stages)
+        for perm in configs.values():
+            assert is_rail_configuration(perm)
+
+
+def test_dp_ring_configuration_is_the_ring_of_each_stage_on_every_rail():
+    b = built(cluster={"gpus": 256, "gpu": "h100"}, parallel={"tp": 8, "pp": 4, "dp": 8})
+    lay = b.job.layout
+    perm = OpusPlanner(lay).phase_configurations(build_program(b.job).stages)["dp"]
+    assert perm.shape == (8, lay.servers) and is_rail_configuration(perm)
+    for rail in range(8):
+        for group in lay.groups(Dim.DP):
+            servers = lay.server(group)
+            assert np.all(lay.rail(group) == lay.rail(group[0]))
+            if lay.rail(group[0]) != rail:
+                continue
+            np.testing.assert_array_equal(perm[rail, servers], np.roll(servers, -1))  # k -> k+1, wrapping
+
+
+def test_split_pipeline_rails_use_even_rails_forward_and_odd_rails_backward():
+    b = JOBS["pp4"]
+    configs = OpusPlanner(b.job.layout, LIGHTRAIL).phase_configurations(build_program(b.job).stages)
+    fwd, bwd = configs["pp-fwd"], configs["pp-bwd"]
+    assert np.all(fwd[1::2] == -1) and np.all(fwd[0::2] >= -1) and np.any(fwd[0::2] >= 0)
+    assert np.all(bwd[0::2] == -1) and np.any(bwd[1::2] >= 0)
+    original = OpusPlanner(b.job.layout, ORIGINAL).phase_configurations(build_program(b.job).stages)
+    assert np.all((original["pp-fwd"] >= 0).sum(axis=1) == (original["pp-fwd"] >= 0).sum(axis=1)[0])
+
+
+def test_cross_server_all_to_all_is_split_into_matchings():
+    b = JOBS["moe-ep"]
+    planner = OpusPlanner(b.job.layout)
+    op = next(o for o in build_program(b.job).stages[0] if getattr(o, "dim", None) is Dim.EP)
+    parts = planner.requirements(op, 0)
+    assert len(parts) > 1
+    for part in parts:
+        rail, tx, rx = part.circuits
+        assert len(np.unique(rail * 10**6 + tx)) == len(tx) and len(np.unique(rail * 10**6 + rx)) == len(rx)
+
+
+def tiny_serial_job():
+    """Two one-GPU servers per stage, two stages, one micro-batch: every op is on the critical path."""
+    return built(model={"preset": "debug", "overrides": {"layers": 2}},
+                 cluster={"gpus": 4, "gpus_per_server": 1, "gpu": "h100"},
+                 parallel={"pp": 2, "dp": 2}, job={"micro_batches": 1, "dp_buckets": 1})
+
+
+def test_exposed_reconfigurations_in_a_serial_job_by_hand():
+    # Steady state: the rails hold the DP rings. On demand, the forward send waits one delay (DP ->
+    # pp-fwd), the backward send one (-> pp-bwd), and stage 0's deferred DP one; stage 1's DP
+    # reconfiguration overlaps stage 0's backward. So the iteration grows by exactly 3 delays.
+    b = tiny_serial_job()
+    params = OpusParams(mode="on_demand", split_pp=False)
+    base = run(b, delay=0.0, params=params).iteration_time_s
+    for d in (1e-3, 2e-3, 7e-3):
+        r = run(b, delay=d, params=params)
+        assert r.iteration_time_s - base == pytest.approx(3 * d, rel=1e-9)
+        assert r.reconfigurations_per_rail == [4]  # fwd, bwd, and each stage's DP ring
+    # Without deferring DP, stage 1's backward send also waits out the DP ring: one more delay.
+    params = replace(params, defer_dp=False)
+    base = run(b, delay=0.0, params=params).iteration_time_s
+    assert run(b, delay=5e-3, params=params).iteration_time_s - base == pytest.approx(4 * 5e-3, rel=1e-9)
+
+
+def test_serial_job_on_electrical_rails_sums_its_ops():
+    b = tiny_serial_job()
+    prog = build_program(b.job)
+    r = run(b, kind="electrical")
+    compute = sum(op.seconds for op in prog.stages[0] if hasattr(op, "seconds")) + \
+        sum(op.seconds for op in prog.stages[1] if hasattr(op, "seconds"))
+    # PP sends are one step each over GPU -> rail switch -> GPU: alpha + 2 hops + bytes / NIC rate
+    act = next(op for op in prog.stages[0] if isinstance(op, Send))
+    send = b.fabric.alpha + 2 * b.fabric.latency + act.nbytes / b.fabric.nic_bandwidth
+    dp_ring = 2 * (b.fabric.alpha + 2 * b.fabric.latency + prog.stages[0][-1].nbytes / 2 / b.fabric.nic_bandwidth)
+    assert r.iteration_time_s == pytest.approx(compute + 2 * send + dp_ring, rel=1e-9)
+
+
+def test_whole_switch_reconfiguration_counts_a_switch_per_phase_change():
+    r = run(JOBS["opus16"], params=ORIGINAL)
+    lightrail = run(JOBS["opus16"], params=LIGHTRAIL)
+    assert min(r.reconfigurations_per_rail) > 0
+    assert lightrail.iteration_time_s <= r.iteration_time_s
+
+
+def test_breakdown_adds_up_and_trace_has_one_track_per_rank_and_ocs():
+    b = JOBS["pp4"]
+    r = run(b, delay=10e-3, params=ORIGINAL)
+    for stage in r.stages:
+        parts = stage["compute_s"] + stage["communication_s"] + stage["reconfiguration_s"] + stage["bubble_s"]
+        assert parts == pytest.approx(r.iteration_time_s, rel=1e-9) or parts > r.iteration_time_s * 0.999
+    trace = chrome_trace(r, b.job.layout)
+    json.dumps(trace)  # serialisable
+    names = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "M" and "tid" in e}
+    assert {(1, rank) for rank in range(b.job.layout.world)} <= names
+    assert {(2, rail) for rail in range(8)} <= names
+    ocs = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 2]
+    assert len(ocs) == sum(r.reconfigurations_per_rail)
+    assert all(e["dur"] == pytest.approx(10e3) for e in ocs)  # microseconds: the 10 ms delay
+    spans = [e["ts"] + e["dur"] for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert max(spans) <= r.iteration_time_s * 1e6 * (1 + 1e-9)
+
+
+def test_fabric_and_policy_refuse_bad_values():
+    from lightrail.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="fabric.kind"):
+        RailFabric(kind="copper")
+    with pytest.raises(ScenarioError, match="reconfig_delay"):
+        RailFabric(reconfig_delay=-1.0)
+    with pytest.raises(ScenarioError, match="opus.mode"):
+        OpusParams(mode="eventually")

@@ -1,0 +1,140 @@
+"""Scenario files and the simulate / sweep / check verbs, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from lightrail.cli import app
+from lightrail.errors import ScenarioError
+from lightrail.scenario import DEFAULT_SCENARIO, load_scenario, parse_scenario
+
+runner = CliRunner()
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
+TINY = Path(__file__).resolve().parent.parent / "examples" / "debug-tiny.yaml"
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_is_a_valid_scenario(path):
+    result = run("check", path)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("ok:")
+
+
+def test_default_example_file_is_the_embedded_default():
+    scenario, _ = load_scenario(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-2048xh200.yaml")
+    default, _ = load_scenario(None)
+    a, b = scenario.build(), default.build()
+    assert (a.job, a.fabric, a.params) == (b.job, b.fabric, b.params)
+
+
+def test_simulate_json_has_the_promised_keys_and_consistent_values(tmp_path):
+    result = run("simulate", TINY, "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    for key in ("iteration_time_s", "baseline_iteration_time_s", "overhead", "reconfigurations_per_iteration",
+                "power_ratio", "cost_ratio"):
+        assert key in out
+    assert out["overhead"] == pytest.approx(out["iteration_time_s"] / out["baseline_iteration_time_s"] - 1)
+    assert out["power_ratio"] > 1 and out["cost_ratio"] > 1
+    assert out["ablation"][-1]["iteration_time_s"] == pytest.approx(out["iteration_time_s"])  # all knobs = default
+    assert json.loads((tmp_path / "summary.json").read_text()) == out
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e.get("pid") == 2 and e["ph"] == "X" for e in trace["traceEvents"])
+    assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_table_compares_the_two_fabrics(tmp_path):
+    result = run("simulate", TINY, "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    for text in ("electrical rails", "photonic rails", "overhead", "reconfigurations", "power", "cost",
+                 "policy ablation", "opus (original)"):
+        assert text in result.output
+
+
+def test_delay_and_mode_overrides(tmp_path):
+    slow = json.loads(run("simulate", TINY, "--delay", "100ms", "--mode", "on-demand", "--out", tmp_path,
+                          "--json").output)
+    fast = json.loads(run("simulate", TINY, "--delay", "0", "--out", tmp_path, "--json").output)
+    assert slow["reconfig_delay_s"] == 0.1 and slow["mode"] == "on_demand"
+    assert slow["iteration_time_s"] > fast["iteration_time_s"]
+    assert fast["iteration_time_s"] == pytest.approx(fast["ideal_iteration_time_s"])
+
+
+def test_sweep_rows_cover_every_delay_and_mode(tmp_path):
+    result = run("sweep", TINY, "--delays", "0,1ms,10ms,100ms", "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    mine = [r for r in rows if r["policy"] == "lightrail"]
+    assert {(r["delay_s"], r["mode"]) for r in mine} == {(d, m) for d in (0, 1e-3, 1e-2, 0.1)
+                                                         for m in ("on-demand", "provisioned")}
+    for mode in ("on-demand", "provisioned"):
+        series = [r["overhead"] for r in sorted((r for r in mine if r["mode"] == mode), key=lambda r: r["delay_s"])]
+        assert series == sorted(series)
+    for r in rows:
+        assert {"delay_s", "mode", "iteration_time_s", "overhead"} <= set(r)
+    assert (tmp_path / "overhead.png").exists() and (tmp_path / "sweep.json").exists()
+
+
+BAD = {
+    "unknown field": ({**DEFAULT_SCENARIO, "colour": "blue"}, "colour"),
+    "unknown nested field": ({**DEFAULT_SCENARIO, "job": {"micro_batches": 4, "microbatch": 2}}, "job.microbatch"),
+    "missing model": ({k: v for k, v in DEFAULT_SCENARIO.items() if k != "model"}, "model"),
+    "unknown model": ({**DEFAULT_SCENARIO, "model": "llama9"}, "model"),
+    "impossible layout": ({**DEFAULT_SCENARIO, "parallel": {"tp": 8, "pp": 8, "dp": 16}}, "parallel"),
+    "tp beyond a server": ({**DEFAULT_SCENARIO, "parallel": {"tp": 16, "pp": 8, "dp": 16}}, "parallel.tp"),
+    "layers and pp": ({**DEFAULT_SCENARIO, "parallel": {"tp": 8, "pp": 32, "dp": 8}}, "parallel.pp"),
+    "unit error": ({**DEFAULT_SCENARIO, "ocs": {"reconfig_delay": "10"}}, "ocs.reconfig_delay"),
+    "wrong unit": ({**DEFAULT_SCENARIO, "cluster": {**DEFAULT_SCENARIO["cluster"], "rail_bandwidth": "400GB"}},
+                   "cluster.rail_bandwidth"),
+    "bad mode": ({**DEFAULT_SCENARIO, "ocs": {"mode": "sometimes"}}, "ocs.mode"),
+    "unknown cost fact": ({**DEFAULT_SCENARIO, "costs": {"unicorn_price": 3}}, "costs.unicorn_price"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_scenarios_exit_2_naming_the_field_and_write_nothing(case, tmp_path):
+    data, field = BAD[case]
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out_dir = tmp_path / "out"
+    for verb in ("simulate", "sweep"):
+        result = run(verb, path, "--out", out_dir)
+        assert result.exit_code == 2, result.output
+        assert field in result.output
+        assert "Traceback" not in result.output
+    assert not out_dir.exists()
+
+
+def test_unreadable_scenarios_exit_2(tmp_path):
+    (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    for name in ("broken.yaml", "list.yaml", "missing.yaml"):
+        result = run("simulate", tmp_path / name, "--out", tmp_path / "out")
+        assert result.exit_code == 2 and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_parse_scenario_errors_are_scenario_errors():
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario({**DEFAULT_SCENARIO, "job": {}})
+    assert info.value.field == "job.micro_batches"
+
+
+def test_hf_config_model_relative_to_the_scenario(tmp_path):
+    data = Path(__file__).resolve().parent / "data"
+    config = next(data.glob("llama3-8b*.json"))
+    (tmp_path / "config.json").write_text(config.read_text())
+    scenario = {**DEFAULT_SCENARIO, "model": {"hf_config": "config.json"}, "cluster": {"gpus": 64, "gpu": "h100"},
+                "parallel": {"tp": 8, "pp": 4, "dp": 2}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    loaded, base = load_scenario(tmp_path / "s.yaml")
+    assert loaded.build(base).model.layers == 32
