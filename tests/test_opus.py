@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from lightrail.control.opus import LIGHTRAIL, ORIGINAL, OpusParams, OpusPlanner, is_rail_configuration
 from lightrail.scenario import parse_scenario
@@ -195,3 +197,30 @@ def test_fabric_and_policy_refuse_bad_values():
         RailFabric(reconfig_delay=-1.0)
     with pytest.raises(ScenarioError, match="opus.mode"):
         OpusParams(mode="eventually")
+
+
+@st.composite
+def small_jobs(draw):
+    g = draw(st.sampled_from([2, 4, 8]))
+    tp = draw(st.sampled_from([d for d in (1, 2, 4) if d <= g]))
+    pp = draw(st.integers(1, 4))
+    dp = draw(st.integers(1, 4))
+    stage = tp * dp
+    assume(stage % g == 0)
+    model = {"preset": "debug", "overrides": {"layers": pp * draw(st.integers(1, 2)),
+                                              "seq_len": draw(st.sampled_from([256, 4096, 16384]))}}
+    return built(model=model, cluster={"gpus": stage * pp, "gpus_per_server": g, "gpu": "h100"},
+                 parallel={"tp": tp, "pp": pp, "dp": dp},
+                 job={"micro_batches": draw(st.integers(1, 8)), "dp_buckets": draw(st.integers(1, 3))})
+
+
+@settings(max_examples=25, deadline=None)
+@given(job=small_jobs(), policy=st.sampled_from(sorted(POLICIES)))
+def test_random_jobs_keep_the_delay_and_mode_properties(job, policy):
+    times = {}
+    for mode in ("on_demand", "provisioned"):
+        params = replace(POLICIES[policy], mode=mode)
+        times[mode] = [run(job, delay=d, params=params).iteration_time_s for d in (0.0, 1e-4, 1e-2, 0.1)]
+        assert all(a <= b * (1 + 1e-9) for a, b in zip(times[mode], times[mode][1:], strict=False))
+        assert times[mode][0] == pytest.approx(run(job, kind="ideal", params=params).iteration_time_s, rel=1e-9)
+    assert all(p <= o * (1 + 1e-9) for p, o in zip(times["provisioned"], times["on_demand"], strict=True))

@@ -3,7 +3,6 @@ against brute force, job validation, 1F1B order and pipeline matching, and bytes
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter, deque
 from itertools import product
@@ -146,9 +145,12 @@ LAYOUTS = [  # (world, tp, cp, ep, dp, pp, gpus_per_server), all accepted by fro
 ]
 
 
+MEGATRON = ("tp", "cp", "ep", "dp", "pp")  # fastest first, written out so that ORDER itself is under test
+
+
 def brute_coords(lay: Layout) -> dict[int, tuple[int, ...]]:
     """rank -> (tp, cp, ep, dp, pp) coordinates, enumerated in Megatron order."""
-    TP, CP, EP, DP, PP = (lay.degree(d) for d in ORDER)
+    TP, CP, EP, DP, PP = lay.tp, lay.cp, lay.ep, lay.dp, lay.pp
     table = {}
     for pp, dp, ep, cp, tp in product(range(PP), range(DP), range(EP), range(CP), range(TP)):
         table[tp + TP * (cp + CP * (ep + EP * (dp + DP * pp)))] = (tp, cp, ep, dp, pp)
@@ -157,7 +159,7 @@ def brute_coords(lay: Layout) -> dict[int, tuple[int, ...]]:
 
 def brute_groups(lay: Layout, dim: Dim) -> set[tuple[int, ...]]:
     """Groups of ``dim``: ranks agreeing on every other coordinate, ordered by their ``dim`` coordinate."""
-    axis = ORDER.index(dim)
+    axis = MEGATRON.index(dim.value)
     found: dict[tuple[int, ...], dict[int, int]] = {}
     for rank, c in brute_coords(lay).items():
         found.setdefault(c[:axis] + c[axis + 1:], {})[c[axis]] = rank
@@ -169,8 +171,9 @@ def check_against_brute_force(lay: Layout) -> None:
     assert sorted(table) == list(range(lay.world))  # the formula is a bijection onto 0..world-1
     ranks = np.arange(lay.world)
     coords = lay.coords(ranks)
-    for axis, d in enumerate(ORDER):
-        assert coords[d].tolist() == [table[r][axis] for r in ranks]
+    assert [d.value for d in ORDER] == list(MEGATRON)
+    for axis, name in enumerate(MEGATRON):
+        assert coords[Dim(name)].tolist() == [table[r][axis] for r in ranks]
     for d in ORDER:
         groups = lay.groups(d)
         assert groups.shape == (lay.world // lay.degree(d), lay.degree(d))
@@ -224,7 +227,7 @@ def test_dim_accepts_its_name():
     lay = Layout.from_degrees(16, tp=2, cp=2, pp=2, gpus_per_server=4)
     for d in ORDER:
         assert np.array_equal(lay.groups(d.value), lay.groups(d))
-        assert lay.stride(d.value) == math.prod(lay.degree(e) for e in ORDER[:ORDER.index(d)])
+    assert {d.value: lay.stride(d.value) for d in ORDER} == {"tp": 1, "cp": 2, "ep": 4, "dp": 4, "pp": 8}
     assert str(lay) == "TP2 x CP2 x DP2 x PP2"
 
 
