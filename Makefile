@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/lightrail collective-sweep --op allreduce --ranks 64 --topology rails --out out/sweep
+	$(BIN)/lightrail simulate
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks

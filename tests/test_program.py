@@ -238,7 +238,10 @@ def test_dim_accepts_its_name():
     (SMALL, Layout.from_degrees(3, pp=3, gpus_per_server=1), "parallel.pp", "4 layers do not split into pp=3"),
     (SMALL.with_(hidden=96, heads=6, kv_heads=2), Layout.from_degrees(8, tp=4, gpus_per_server=4), "parallel.tp",
      "6 heads do not split over tp=4"),
-    (SMALL, Layout.from_degrees(8, tp=4, ep=2, gpus_per_server=4), "parallel.ep", "ep=2 needs a mixture-of-experts"),
+    (SMALL, Layout.from_degrees(8, tp=2, ep=2, dp=2, gpus_per_server=4), "parallel.ep",
+     "ep=2 needs a mixture-of-experts"),
+    (SMALL, Layout.from_degrees(8, tp=4, dp=2, gpus_per_server=4), "parallel.tp",
+     "2 key-value heads do not split over tp=4"),
     (small_moe(experts=6), Layout.from_degrees(8, tp=2, ep=4, gpus_per_server=4), "parallel.ep",
      "6 experts do not split over ep=4"),
     (SMALL, Layout.from_degrees(6, tp=2, cp=3, gpus_per_server=2), "parallel.cp",
@@ -389,7 +392,8 @@ def test_tp_and_pp_bytes():
 def test_dp_bytes_are_the_stage_gradients(tied, buckets, grad_bytes):
     model = SMALL.with_(tied_embeddings=tied)
     prog = build_program(job(model, dp_buckets=buckets, grad_bytes=grad_bytes))
-    params = [2 * LAYER + EMBED, 2 * LAYER + (0 if tied else EMBED)]  # embedding first, output projection last
+    # embedding first; final norm and (untied) output projection last
+    params = [2 * LAYER + EMBED, 2 * LAYER + SMALL.hidden + (0 if tied else EMBED)]
     for s, ops in enumerate(prog.stages):
         total = params[s] // 2 * grad_bytes                          # tp = 2 shards every weight
         dp = [op for op in ops if is_dp(op)]
@@ -401,14 +405,14 @@ def test_dp_bytes_are_the_stage_gradients(tied, buckets, grad_bytes):
 
 def test_dp_bytes_hand_figure():
     prog = build_program(job(dp_buckets=4))
-    assert [sum(op.nbytes for op in ops if is_dp(op)) for ops in prog.stages] == [187_136, 187_136]
+    assert [sum(op.nbytes for op in ops if is_dp(op)) for ops in prog.stages] == [187_136, 187_136 + 64]
 
 
 @pytest.mark.parametrize("buckets", [1, 4])
 def test_zero_reduce_scatters_each_bucket_and_gathers_once(buckets):
     prog = build_program(job(zero=True, dp_buckets=buckets))
-    for ops in prog.stages:
-        total = (2 * LAYER + EMBED) // 2 * 2
+    for s, ops in enumerate(prog.stages):
+        total = (2 * LAYER + EMBED + s * SMALL.hidden) // 2 * 2
         dp = [op for op in ops if is_dp(op)]
         assert [op.kind for op in dp] == ["reducescatter"] * buckets + ["allgather"]
         assert [op.nbytes for op in dp[:-1]] == pytest.approx([total / buckets] * buckets)
@@ -418,7 +422,8 @@ def test_zero_reduce_scatters_each_bucket_and_gathers_once(buckets):
 
 
 def test_no_dp_sync_without_data_parallelism():
-    prog = build_program(job(layout=Layout.from_degrees(8, tp=4, pp=2, gpus_per_server=4), dp_buckets=3))
+    prog = build_program(job(SMALL.with_(kv_heads=4), Layout.from_degrees(8, tp=4, pp=2, gpus_per_server=4),
+                             dp_buckets=3))
     assert not any(is_dp(op) for ops in prog.stages for op in ops)
     assert all(c.label[-1].isdigit() and "." not in c.label for ops in prog.stages for c in computes(ops))
 
@@ -530,3 +535,19 @@ def test_ops_for_rank_is_the_stage_list():
         with pytest.raises(InfeasibleError, match=f"rank {bad} is not in 0..15") as err:
             prog.ops_for_rank(bad)
         assert err.value.field == "rank"
+
+
+def test_dense_gradients_reduce_over_every_replica_and_experts_over_theirs():
+    # ep and cp ranks see different data, so dense weights are synced over cp x ep x dp and experts,
+    # which each ep rank owns, over cp x dp.
+    moe = small_moe(experts=4)
+    prog = build_program(job(moe, Layout.from_degrees(16, tp=2, cp=2, ep=2, dp=2, gpus_per_server=4)))
+    dp = [op for op in prog.stages[0] if is_dp(op)]
+    spans = {op.label.split()[-1]: op.group_dims for op in dp}
+    assert spans == {"dense": (Dim.CP, Dim.EP, Dim.DP), "experts": (Dim.CP, Dim.DP)}
+    dense, expert = prog.job.stage_params(0)
+    assert sum(op.nbytes for op in dp if op.label.endswith("dense")) == dense * 2
+    assert sum(op.nbytes for op in dp if op.label.endswith("experts")) == expert * 2
+    # with dp = 1 the ep replicas of dense weights still need their sync
+    only_ep = build_program(job(moe, Layout.from_degrees(8, tp=2, ep=4, gpus_per_server=4), micro_batches=4))
+    assert [op.group_dims for op in only_ep.stages[0] if is_dp(op)] == [(Dim.CP, Dim.EP, Dim.DP)]

@@ -128,14 +128,14 @@ class OpusPlanner:
         key = np.unique(np.concatenate([(a[0] * s + a[1]) * s + a[2], (b[0] * s + b[1]) * s + b[2]]))
         return key // s**2, key // s % s, key % s
 
-    def _stage_groups(self, dim: Dim, stage: int) -> np.ndarray:
-        groups = self.layout.groups(dim)
+    def _stage_groups(self, dims: tuple[Dim, ...], stage: int) -> np.ndarray:
+        groups = self.layout.groups_over(dims)
         size = self.layout.world // self.layout.pp
         return groups[(groups[:, 0] // size) == stage]
 
     def requirements(self, op: Op, stage: int) -> tuple[Requirement, ...]:
         """The parts of a communication op at ``stage``, each with its transfers and circuits."""
-        key = (op.dim, getattr(op, "kind", "send"), getattr(op, "offset", 0), stage)
+        key = (getattr(op, "group_dims", op.dim), getattr(op, "kind", "send"), getattr(op, "offset", 0), stage)
         if key not in self._cache:
             self._cache[key] = self._requirements(op, stage)
         return self._cache[key]
@@ -153,7 +153,7 @@ class OpusPlanner:
             return (Requirement(f"pp-{direction}", ((src, dst),), self._circuits(src, dst, rails)),)
         if not isinstance(op, Collective):
             raise TypeError(f"{op!r} is not a communication op")
-        groups = self._stage_groups(op.dim, stage)
+        groups = self._stage_groups(op.group_dims, stage)
         kind, algo = _schedule_name(op.kind)
         schedule = generate(kind, algo, groups.shape[1]) if groups.shape[1] > 1 else None
         k = groups.shape[1]

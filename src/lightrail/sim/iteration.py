@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from math import prod
 from typing import Literal
 
 import numpy as np
@@ -117,7 +118,8 @@ class _Durations:
         self._cache: dict = {}
 
     def seconds(self, op, part: int, req: Requirement) -> float:
-        shape = (type(op).__name__, op.dim, getattr(op, "kind", None), getattr(op, "offset", 0), op.nbytes, part)
+        shape = (type(op).__name__, getattr(op, "group_dims", op.dim), getattr(op, "kind", None),
+                 getattr(op, "offset", 0), op.nbytes, part)
         if shape not in self._cache:
             self._cache[shape] = self._time(op, req)
         return self._cache[shape]
@@ -143,7 +145,7 @@ class _Durations:
         return sum(engine.transfer_time(local(src), local(dst), per_transfer) for src, dst in req.steps)
 
     def _group_size(self, op) -> int:
-        return self.layout.degree(op.dim)
+        return prod(self.layout.degree(d) for d in op.group_dims)
 
 
 class _Rails:
@@ -308,7 +310,7 @@ class _Simulation:
             now = t
             for _ in range(repeat):
                 for part, req in enumerate(reqs):
-                    ready = self.rails.ensure(req, now, prior[s] if provisioned else now)
+                    ready = self.rails.ensure(req, now, min(prior[s], now) if provisioned else now)
                     seconds = self.durations.seconds(op, part, req)
                     if len(reqs) == 1 and isinstance(op, Collective):
                         seconds *= op.count

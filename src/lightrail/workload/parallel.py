@@ -112,6 +112,25 @@ class Layout:
         base = base[(base // stride) % k == 0]  # ranks at coordinate 0 along dim
         return base[:, None] + stride * np.arange(k)[None, :]
 
+    def groups_over(self, dims) -> np.ndarray:
+        """Groups spanning several dimensions: ranks that share every other coordinate, one row each.
+
+        Members are ordered by their coordinates along ``dims`` (the first varies fastest), so
+        ``groups_over([d])`` equals ``groups(d)``.
+        """
+        dims = [Dim(d) for d in dims]
+        ranks = np.arange(self.world)
+        coords = self.coords(ranks)
+        others = [d for d in ORDER if d not in dims]
+        key = np.zeros(self.world, np.int64)
+        for d in reversed(others):
+            key = key * self.degree(d) + coords[d]
+        inner = np.zeros(self.world, np.int64)
+        for d in reversed([d for d in ORDER if d in dims]):
+            inner = inner * self.degree(d) + coords[d]
+        order = np.lexsort((inner, key))
+        return ranks[order].reshape(-1, prod(self.degree(d) for d in dims))
+
     def stage_ranks(self, stage: int) -> np.ndarray:
         """Ranks of pipeline stage ``stage``."""
         size = self.world // self.pp

@@ -17,11 +17,13 @@ Bytes per op (Megatron-LM conventions, bf16 unless the model says otherwise):
   same for the gradient backward;
 - dp: the stage's gradients (its parameters / tp), all-reduced or, with ``zero``, reduce-scattered
   then all-gathered; split into ``dp_buckets`` buckets launched as the last backward proceeds.
+  Dense gradients are reduced over all their replicas (cp x ep x dp), expert gradients over cp x dp.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 from lightrail.errors import InfeasibleError
 from lightrail.workload.hardware import GPU, compute_seconds
@@ -51,6 +53,13 @@ class Collective:
     label: str
     count: int = 1
     asynchronous: bool = False
+    span: tuple[Dim, ...] = ()
+    """Dimensions the group spans (default: just ``dim``); gradients of dense weights are reduced
+    over every replica (cp, ep and dp), those of experts over cp and dp."""
+
+    @property
+    def group_dims(self) -> tuple[Dim, ...]:
+        return self.span or (self.dim,)
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,8 @@ class TrainingJob:
              "choose pp dividing the layer count"),
             (m.heads % lay.tp == 0, "parallel.tp", f"{m.heads} heads do not split over tp={lay.tp}",
              "choose tp dividing the head count"),
+            (m.kv_heads % lay.tp == 0, "parallel.tp", f"{m.kv_heads} key-value heads do not split over tp={lay.tp}",
+             "choose tp dividing the key-value head count (Megatron's query groups)"),
             (lay.ep == 1 or m.experts > 0, "parallel.ep", f"ep={lay.ep} needs a mixture-of-experts model",
              "set ep to 1 or pick an MoE model"),
             (lay.ep == 1 or m.experts % lay.ep == 0, "parallel.ep",
@@ -111,6 +122,12 @@ class TrainingJob:
             (self.dp_buckets >= 1, "job.dp_buckets", f"{self.dp_buckets} buckets", "use 1 or more"),
             (0 < self.mfu <= 1, "job.mfu", f"mfu={self.mfu}", "use a fraction in (0, 1], e.g. 0.4"),
         ]
+        for name in ("micro_batches", "micro_batch_size", "dp_buckets", "grad_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InfeasibleError(f"{value!r} is not a whole number", field=f"job.{name}", fix="use an integer")
+        if isinstance(self.mfu, bool) or not isinstance(self.mfu, (int, float)):
+            raise InfeasibleError(f"{self.mfu!r} is not a fraction", field="job.mfu", fix="use e.g. 0.4")
         for ok, fld, message, fix in checks:
             if not ok:
                 raise InfeasibleError(message, field=fld, fix=fix)
@@ -134,8 +151,8 @@ class TrainingJob:
             expert += routed
         if stage == 0:
             dense += m.vocab * m.hidden
-        if stage == lay.pp - 1 and not m.tied_embeddings:
-            dense += m.vocab * m.hidden
+        if stage == lay.pp - 1:
+            dense += m.hidden + (0 if m.tied_embeddings else m.vocab * m.hidden)  # final norm, output layer
         return dense // lay.tp, expert // (lay.tp * lay.ep)
 
 
@@ -217,11 +234,15 @@ def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[Op]) -> lis
     """Pass 4: split the last backward into buckets and launch each bucket's sync after its part."""
     lay = job.layout
     dense, expert = job.stage_params(stage)
-    total = (dense + expert) * job.grad_bytes
-    if lay.dp == 1 or total == 0:
+    # Dense weights are replicated over cp, ep and dp; experts over cp and dp (each ep rank owns its own).
+    syncs = [(span, params * job.grad_bytes, tag) for span, params, tag in
+             (((Dim.CP, Dim.EP, Dim.DP), dense, "dense"), ((Dim.CP, Dim.DP), expert, "experts"))
+             if params and prod(lay.degree(d) for d in span) > 1]
+    if not syncs:
         return last_backward
     b = job.dp_buckets
     compute = next(op for op in last_backward if isinstance(op, Compute))
+    kind = "reducescatter" if job.zero else "allreduce"
     ops: list[Op] = []
     for op in last_backward:
         if op is not compute:
@@ -229,10 +250,12 @@ def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[Op]) -> lis
             continue
         for k in range(b):
             ops.append(Compute(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
-            kind = "reducescatter" if job.zero else "allreduce"
-            ops.append(Collective(Dim.DP, kind, total / b, f"dp bucket {k}", asynchronous=True))
+            for span, nbytes, tag in syncs:
+                name = f"dp bucket {k}" + (f" {tag}" if len(syncs) > 1 else "")
+                ops.append(Collective(Dim.DP, kind, nbytes / b, name, asynchronous=True, span=span))
     if job.zero:  # parameters are gathered back once the optimizer step has run on the shards
-        ops.append(Collective(Dim.DP, "allgather", total, "dp allgather params"))
+        for span, nbytes, tag in syncs:
+            ops.append(Collective(Dim.DP, "allgather", nbytes, f"dp allgather {tag}", span=span))
     return ops
 
 
