@@ -154,6 +154,9 @@ class OpusPlanner:
         if not isinstance(op, Collective):
             raise TypeError(f"{op!r} is not a communication op")
         groups = self._stage_groups(op.group_dims, stage)
+        # the phase is named by the dimensions the group really spans ("dp", "ep+dp", ...)
+        spanned = [d.value for d in op.group_dims if lay.degree(d) > 1] or [op.dim.value]
+        phase = "+".join(spanned)
         kind, algo = _schedule_name(op.kind)
         schedule = generate(kind, algo, groups.shape[1]) if groups.shape[1] > 1 else None
         k = groups.shape[1]
@@ -171,12 +174,12 @@ class OpusPlanner:
                 step_circuits = self._circuits(src, dst)
                 merged = self._union(circuits, step_circuits)
                 if current and not self._is_matching(merged):
-                    parts.append(Requirement(f"{op.dim.value}", tuple(current), circuits))
+                    parts.append(Requirement(phase, tuple(current), circuits))
                     current, merged = [], step_circuits
                 circuits, last_key = merged, key
             current.append((src, dst))
         if current or not parts:
-            parts.append(Requirement(f"{op.dim.value}", tuple(current), circuits))
+            parts.append(Requirement(phase, tuple(current), circuits))
         if len(parts) > 1:
             parts = [Requirement(f"{p.phase}#{i}", p.steps, p.circuits) for i, p in enumerate(parts)]
         return tuple(parts)

@@ -218,19 +218,18 @@ class _Rails:
         delay = self.fabric.delay
         old_rx = self.tx_target[rail, tx]  # our transmitters' current receivers
         old_tx = self.rx_source[rail, rx]  # transmitters currently lighting the receivers we need
-        tx_ports = [(rail, tx), (rail[old_tx >= 0], old_tx[old_tx >= 0])]
-        rx_ports = [(rail, rx), (rail[old_rx >= 0], old_rx[old_rx >= 0])]
-        for r in np.unique(rail):
-            start = t
-            for (pr, ps), busy in [(p, self.tx_busy) for p in tx_ports] + [(p, self.rx_busy) for p in rx_ports]:
-                sel = pr == r
-                if np.any(sel):
-                    start = max(start, busy[r, ps[sel]].max())
-            for (pr, ps), dark in [(p, self.tx_dark) for p in tx_ports] + [(p, self.rx_dark) for p in rx_ports]:
-                sel = pr == r
-                dark[r, ps[sel]] = start + delay
-            nports = int(np.sum(rail == r))
-            self.reconfigs.append((int(r), start, start + delay, nports, phase))
+        tx_rail = np.concatenate([rail, rail[old_tx >= 0]])
+        tx_port = np.concatenate([tx, old_tx[old_tx >= 0]])
+        rx_rail = np.concatenate([rail, rail[old_rx >= 0]])
+        rx_port = np.concatenate([rx, old_rx[old_rx >= 0]])
+        start = np.full(len(self.phase), float(t))  # per rail: no earlier than the last use of a changed port
+        np.maximum.at(start, tx_rail, self.tx_busy[tx_rail, tx_port])
+        np.maximum.at(start, rx_rail, self.rx_busy[rx_rail, rx_port])
+        self.tx_dark[tx_rail, tx_port] = start[tx_rail] + delay
+        self.rx_dark[rx_rail, rx_port] = start[rx_rail] + delay
+        counts = np.bincount(rail, minlength=len(self.phase))
+        for r in np.flatnonzero(counts):
+            self.reconfigs.append((int(r), float(start[r]), float(start[r]) + delay, int(counts[r]), phase))
         self.tx_target[rail[old_tx >= 0], old_tx[old_tx >= 0]] = -1
         self.rx_source[rail[old_rx >= 0], old_rx[old_rx >= 0]] = -1
         self.tx_target[rail, tx] = rx
