@@ -20,7 +20,7 @@ def run(*args: str):
 def test_help_lists_the_verbs():
     result = run("--help")
     assert result.exit_code == 0
-    for verb in ("collective", "algorithms", "collective-sweep"):
+    for verb in ("collective", "algorithms", "collective-sweep", "simulate", "sweep", "check", "cost"):
         assert verb in result.output
 
 

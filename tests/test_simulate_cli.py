@@ -138,3 +138,17 @@ def test_hf_config_model_relative_to_the_scenario(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
     loaded, base = load_scenario(tmp_path / "s.yaml")
     assert loaded.build(base).model.layers == 32
+
+
+def test_cost_table_across_cluster_sizes():
+    result = run("cost", "--gpus", "256..16384", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    assert [r["gpus"] for r in rows] == [256 * 2**k for k in range(7)]
+    for r in rows:
+        assert r["power_ratio"] == pytest.approx(r["electrical_power_w"] / r["photonic_power_w"])
+        assert r["cost_ratio"] == pytest.approx(r["electrical_capex_usd"] / r["photonic_capex_usd"])
+        assert r["power_ratio"] > 1 and r["cost_ratio"] > 1
+    assert [r["electrical_tiers"] for r in rows] == sorted(r["electrical_tiers"] for r in rows)
+    for bad in ("12x", "100..10", "abc..1"):
+        assert run("cost", "--gpus", bad).exit_code == 2

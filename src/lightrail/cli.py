@@ -354,6 +354,51 @@ def simulate_cmd(
               f"{out_dir / 'breakdown.png'}")
 
 
+@app.command("cost")
+@friendly
+def cost_cmd(
+    gpus: Annotated[str, typer.Option("--gpus", help="GPU counts: 256..16384 (powers of two) or a comma list.")]
+    = "256..16384",
+    gpus_per_server: GpusPerServer = 8,
+    rail_speed: Annotated[str, typer.Option("--rail-speed", help="400G or 800G.")] = "400G",
+    as_json: JsonOut = False,
+):
+    """Power and capital cost of electrical vs photonic rails across cluster sizes."""
+    from lightrail.sim.cost import compare
+
+    if ".." in gpus:
+        lo, hi = (int(x) for x in gpus.split("..", 1)) if all(x.strip().isdigit() for x in gpus.split("..", 1)) \
+            else (0, 0)
+        if not 0 < lo <= hi:
+            raise ScenarioError(f"{gpus!r} is not a range of GPU counts", field="--gpus", fix="e.g. 256..16384")
+        counts = [lo * 2**k for k in range(int(math.log2(hi / lo)) + 1)]
+    else:
+        try:
+            counts = [int(x) for x in gpus.split(",") if x.strip()]
+        except ValueError:
+            raise ScenarioError(f"{gpus!r} lists no GPU counts", field="--gpus", fix="e.g. 1024,2048") from None
+    rows = []
+    for n in counts:
+        c = compare(n, gpus_per_server=gpus_per_server, rail_speed=rail_speed)
+        rows.append({"gpus": n, "electrical_power_w": c.electrical.power_w, "photonic_power_w": c.photonic.power_w,
+                     "electrical_capex_usd": c.electrical.capex_usd, "photonic_capex_usd": c.photonic.capex_usd,
+                     "electrical_tiers": c.electrical.tiers, "electrical_switches": c.electrical.switches,
+                     "ocs_ports": c.photonic.ocs_ports, "power_ratio": c.power_ratio, "cost_ratio": c.cost_ratio})
+    if as_json:
+        _print_json({"rail_speed": rail_speed, "rows": rows})
+        return
+    table = Table(title=f"rail networks at {rail_speed}, {gpus_per_server} GPUs per server (electrical / photonic)")
+    for col in ("GPUs", "EPS tiers", "EPS switches", "OCS ports", "power (kW)", "cost ($M)", "power ratio",
+                "cost ratio"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["gpus"]), str(r["electrical_tiers"]), str(r["electrical_switches"]), str(r["ocs_ports"]),
+                      f"{r['electrical_power_w'] / 1e3:,.1f} / {r['photonic_power_w'] / 1e3:,.1f}",
+                      f"{r['electrical_capex_usd'] / 1e6:,.2f} / {r['photonic_capex_usd'] / 1e6:,.2f}",
+                      f"{r['power_ratio']:.1f}x", f"{r['cost_ratio']:.2f}x")
+    out.print(table)
+
+
 DEFAULT_DELAYS = "0,10ms,50ms,100ms,250ms,500ms,750ms,1s"
 
 

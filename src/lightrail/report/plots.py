@@ -46,7 +46,7 @@ def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
     """Stacked bars of an iteration's time (compute, communication, reconfiguration, bubble) per fabric."""
     parts = [("compute_s", "compute", "#4C72B0"), ("communication_s", "exposed communication", "#55A868"),
              ("reconfiguration_s", "reconfiguration stall", "#C44E52"), ("bubble_s", "pipeline bubble", "#CCCCCC")]
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
     names = list(rows)
     left = [0.0] * len(names)
     for key, label, color in parts:
@@ -58,7 +58,7 @@ def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
     ax.set_xlabel("seconds per iteration (mean over pipeline stages)")
     ax.set_xlim(0, max(left) * 1.18)
     ax.invert_yaxis()
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, frameon=False)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
