@@ -1,0 +1,356 @@
+"""Reconfiguration-aware collectives: per step, keep the circuits or switch to the step's own.
+
+A reconfigurable fabric gives each of n GPUs ``ports`` optical ports into a circuit switch (or a
+photonic mesh), optionally on top of a static base topology (ring, 2D torus). A collective's step
+costs what the engine says on the current state graph: congestion and hop dilation when its pairs
+ride circuits made for something else, the contention-free time on circuits made for it. Switching
+costs the reconfiguration delay (PCCL, arXiv 2509.15450; short-circuiting rings, arXiv 2510.03491).
+
+The choice space, per step i: stay on the current circuits, or reconfigure to the union of the
+patterns of steps i..j (batching) when every GPU needs at most ``ports`` circuits out and in. The
+exact plan is a dynamic programme over (step, current configuration), evaluated for many message
+sizes and delays at once; ``plan_brute_force`` enumerates every choice sequence and is what the
+tests compare it with. ``plan_threshold`` is the short-circuiting paper's greedy rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from lightrail.collectives.schedule import Schedule
+from lightrail.errors import InfeasibleError, ScenarioError
+from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, torus
+from lightrail.fabric.topology import NodeKind, Topology
+from lightrail.sim.engine import Engine, StepModel
+
+__all__ = ["ReconfigurableFabric", "Plan", "Planner", "edge_colouring"]
+
+Base = Literal["none", "ring", "torus"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconfigurableFabric:
+    """n GPUs with ``ports`` optical ports each into a circuit switch, over an optional static base."""
+
+    n: int
+    ports: int = 2
+    base: Base = "none"
+    bandwidth: float = NIC_BANDWIDTH
+    """Per optical port and per base link, bytes/s."""
+    latency: float = 1e-6
+    """Per hop (switching, serialisation), seconds."""
+    propagation: float = 0.0
+    """Fibre delay added to every circuit hop (5 ns/m, DESIGN.md), seconds."""
+    reconfig_delay: float = 10e-6
+    alpha: float = 3e-6
+    initial: Literal["ring", "none"] = "ring"
+    """Circuits installed before the collective: a bidirectional ring (uses up to two ports) or none."""
+
+    def __post_init__(self):
+        if self.n < 2:
+            raise ScenarioError(f"{self.n} GPUs", field="ranks", fix="use 2 or more")
+        if self.ports < 1:
+            raise ScenarioError(f"{self.ports} ports", field="ports", fix="use 1 or more optical ports per GPU")
+        if self.base not in ("none", "ring", "torus"):
+            raise ScenarioError(f"unknown base {self.base!r}", field="base", fix="use none, ring or torus")
+        if self.reconfig_delay < 0 or self.propagation < 0:
+            raise ScenarioError("delays must be non-negative", field="reconfig_delay")
+        if self.base == "none" and self.initial == "none":
+            raise ScenarioError("no base topology and no initial circuits leave GPUs unconnected", field="initial",
+                                fix="use initial='ring' or a base topology")
+
+    def initial_codes(self) -> np.ndarray:
+        """Initial circuits as codes ``src * n + dst``."""
+        n = self.n
+        if self.initial == "none":
+            return np.zeros(0, np.int64)
+        r = np.arange(n)
+        codes = [r * n + (r + 1) % n]
+        if self.ports >= 2 and n > 2:
+            codes.append(r * n + (r - 1) % n)
+        return np.unique(np.concatenate(codes))
+
+    def base_topology(self) -> Topology:
+        if self.base == "ring":
+            return ring(self.n, bandwidth=self.bandwidth, latency=self.latency)
+        if self.base == "torus":
+            return torus(square_shape(self.n, 2), bandwidth=self.bandwidth, latency=self.latency)
+        empty = np.zeros(0, np.int32)
+        return Topology(f"ports(n={self.n})", self.n, np.full(self.n, NodeKind.GPU), empty, empty, np.zeros(0),
+                        np.zeros(0), None)
+
+    def topology(self, codes: np.ndarray) -> Topology:
+        """The state graph: base links plus one circuit link per code."""
+        base = self.base_topology()
+        if not len(codes):
+            return base
+        return base.with_links(codes // self.n, codes % self.n, self.bandwidth, self.latency + self.propagation,
+                               name=f"{base.name}+{len(codes)} circuits")
+
+    def fits(self, codes: np.ndarray) -> bool:
+        """True if no GPU needs more than ``ports`` circuits out or in."""
+        if not len(codes):
+            return True
+        return (np.bincount(codes // self.n, minlength=self.n).max() <= self.ports
+                and np.bincount(codes % self.n, minlength=self.n).max() <= self.ports)
+
+
+@dataclass
+class Plan:
+    """Which configuration every step runs on, and what it costs (one size and delay)."""
+
+    schedule: str
+    size: float
+    reconfig_delay: float
+    total_s: float
+    step_config: list[int]
+    reconfigure: list[bool]
+    step_s: list[float]
+    configurations: list[np.ndarray] = field(repr=False)
+
+    @property
+    def reconfigurations(self) -> int:
+        return int(sum(self.reconfigure))
+
+    def to_dict(self) -> dict:
+        return {"schedule": self.schedule, "size_bytes": self.size, "reconfig_delay_s": self.reconfig_delay,
+                "time_s": self.total_s, "reconfigurations": self.reconfigurations,
+                "plan": [{"step": i, "reconfigure": r, "configuration": c, "time_s": t}
+                         for i, (r, c, t) in enumerate(zip(self.reconfigure, self.step_config, self.step_s,
+                                                           strict=True))]}
+
+
+class Planner:
+    """Reconfiguration plans for one schedule on one fabric; step costs are computed once.
+
+    Step costs are linear in the bytes per chunk, so one planner answers many message sizes and
+    delays (``totals``) with the same engine work.
+    """
+
+    def __init__(self, schedule: Schedule, fabric: ReconfigurableFabric, *, max_batch: int | None = None,
+                 max_states: int = 16):
+        if schedule.nranks != fabric.n:
+            raise InfeasibleError(f"schedule has {schedule.nranks} ranks, fabric {fabric.n}", field="ranks")
+        self.schedule, self.fabric = schedule, fabric
+        n = fabric.n
+        self.patterns: list[np.ndarray] = []  # per step: sorted unique codes
+        self.weights: list[np.ndarray] = []  # per step: chunks per pair
+        self.pattern_id: list[int] = []  # per step: steps with the same traffic share an id
+        seen: dict[bytes, int] = {}
+        for st in schedule.steps:
+            codes, counts = np.unique(st.src.astype(np.int64) * n + st.dst, return_counts=True)
+            self.patterns.append(codes)
+            self.weights.append(counts.astype(float))
+            self.pattern_id.append(seen.setdefault(codes.tobytes() + counts.tobytes(), len(seen)))
+        self.configs: list[np.ndarray] = [fabric.initial_codes()]
+        self._config_id: dict[bytes, int] = {self.configs[0].tobytes(): 0}
+        self._engines: dict[int, Engine] = {}
+        self._models: dict[tuple[int, int], StepModel] = {}
+        limit = max_batch or fabric.ports * 4
+        self.candidates: list[list[int]] = [self._batches(i, limit) for i in range(len(self.patterns))]
+        # configurations that can be current when step i starts: the initial one and those installed
+        # before. Past ``max_states`` the oldest installed ones are dropped (then the plan is optimal
+        # within that window, not over the whole space: ``exact`` says which).
+        self.current: list[list[int]] = [[0]]
+        self.exact = True
+        for i in range(len(self.patterns)):
+            # newest first: the step's own candidates, then what was current, then the initial one
+            keep = list(dict.fromkeys([*self.candidates[i], *reversed(self.current[-1])]))
+            if len(keep) > max(max_states, len(self.candidates[i]) + 1):
+                self.exact = False
+                keep = keep[:max(max_states, len(self.candidates[i]) + 1) - 1]
+                keep.append(0) if 0 not in keep else None
+            self.current.append(keep)
+
+    # -- configurations ---------------------------------------------------------------------------
+    def _config(self, codes: np.ndarray) -> int:
+        key = codes.tobytes()
+        if key not in self._config_id:
+            self._config_id[key] = len(self.configs)
+            self.configs.append(codes)
+        return self._config_id[key]
+
+    def _batches(self, i: int, limit: int) -> list[int]:
+        """Configurations serving steps i..j (j >= i) that fit the ports, one per distinct union."""
+        out: list[int] = []
+        union = np.zeros(0, np.int64)
+        for j in range(i, len(self.patterns)):
+            if j > i and self.pattern_id[j] == self.pattern_id[j - 1]:
+                continue  # same traffic as the step before: the union cannot change
+            merged = np.union1d(union, self.patterns[j])
+            if not self.fabric.fits(merged) or (len(out) >= limit and len(merged) > len(union)):
+                break
+            if len(merged) > len(union) or not out:
+                union = merged
+                cid = self._config(union)
+                if cid not in out:
+                    out.append(cid)
+        return out
+
+    # -- costs -------------------------------------------------------------------------------------
+    def model(self, step: int, config: int) -> StepModel:
+        key = (self.pattern_id[step], config)
+        if key not in self._models:
+            engine = self._engines.get(config)
+            if engine is None:
+                engine = self._engines[config] = Engine(self.fabric.topology(self.configs[config]),
+                                                        alpha=self.fabric.alpha)
+            n = self.fabric.n
+            codes = self.patterns[step]
+            try:
+                self._models[key] = engine.step_model(codes // n, codes % n, self.weights[step])
+            except InfeasibleError:  # some pair has no path on these circuits
+                self._models[key] = StepModel(np.array([np.inf]), np.zeros(1))
+        return self._models[key]
+
+    def cost(self, step: int, config: int, chunk_bytes: np.ndarray) -> np.ndarray:
+        """Seconds of ``step`` on ``config`` for each chunk size (vector)."""
+        m = self.model(step, config)
+        if not len(m.latency):
+            return np.zeros_like(chunk_bytes)
+        return self.fabric.alpha + np.max(m.latency[:, None] + m.per_byte[:, None] * chunk_bytes[None, :], axis=0)
+
+    # -- plans -------------------------------------------------------------------------------------
+    def totals(self, sizes, delays) -> tuple[np.ndarray, np.ndarray]:
+        """Optimal total time and reconfiguration count, arrays of shape (len(delays), len(sizes))."""
+        value, count, _ = self._dynamic_programme(np.asarray(sizes, float), np.asarray(delays, float), track=False)
+        return value, count
+
+    def plan(self, size: float, delay: float | None = None) -> Plan:
+        """The optimal plan at one size and delay (the fabric's delay by default)."""
+        delay = self.fabric.reconfig_delay if delay is None else delay
+        _, _, choice = self._dynamic_programme(np.array([float(size)]), np.array([float(delay)]), track=True)
+        return self._replay(size, delay, choice)
+
+    def _dynamic_programme(self, sizes: np.ndarray, delays: np.ndarray, *, track: bool):
+        cb = sizes / self.schedule.collective.chunks_per_buffer
+        steps = len(self.patterns)
+        current = self.current
+        shape = (len(delays), len(sizes))
+        value = {c: np.zeros(shape) for c in current[steps]}
+        count = {c: np.zeros(shape) for c in current[steps]}
+        choice: list[dict] = [dict() for _ in range(steps)]
+        for i in range(steps - 1, -1, -1):
+            new_value, new_count = {}, {}
+            stay_cost = {c: self.cost(i, c, cb)[None, :] for c in dict.fromkeys([*current[i], *self.candidates[i]])}
+            switch = []
+            for c in self.candidates[i]:
+                switch.append((c, delays[:, None] + stay_cost[c] + value[c], count[c] + 1))
+            for c in current[i]:
+                if c in value:
+                    best_v, best_n = stay_cost[c] + value[c], count[c].copy()
+                else:  # dropped from the window at the next step: staying is not an option
+                    best_v, best_n = np.full(shape, np.inf), np.zeros(shape)
+                best_c = np.full(shape, -1)  # -1: stay
+                for target, v, k in switch:
+                    if target == c:
+                        continue
+                    better = v < best_v
+                    best_v = np.where(better, v, best_v)
+                    best_n = np.where(better, k, best_n)
+                    best_c = np.where(better, target, best_c)
+                new_value[c], new_count[c] = best_v, best_n
+                if track:
+                    choice[i][c] = int(best_c[0, 0])
+            value, count = new_value, new_count
+        return value[0], count[0], choice
+
+    def _replay(self, size: float, delay: float, choice: list[dict]) -> Plan:
+        cb = np.array([size / self.schedule.collective.chunks_per_buffer])
+        config, total = 0, 0.0
+        configs, flags, times = [], [], []
+        for i in range(len(self.patterns)):
+            target = choice[i][config]
+            switched = target >= 0
+            if switched:
+                config = target
+                total += delay
+            t = float(self.cost(i, config, cb)[0])
+            total += t
+            configs.append(config)
+            flags.append(switched)
+            times.append(t)
+        return Plan(self.schedule.name, size, delay, total, configs, flags, times, self.configs)
+
+    def plan_static(self, size: float) -> Plan:
+        """Never reconfigure: every step on the initial circuits (and base)."""
+        cb = np.array([size / self.schedule.collective.chunks_per_buffer])
+        times = [float(self.cost(i, 0, cb)[0]) for i in range(len(self.patterns))]
+        steps = len(times)
+        return Plan(self.schedule.name, size, self.fabric.reconfig_delay, sum(times), [0] * steps, [False] * steps,
+                    times, self.configs)
+
+    def plan_threshold(self, size: float, delay: float | None = None) -> Plan:
+        """Short-circuiting rings' greedy rule: switch to a step's own circuits when the congestion
+        and dilation it would pay on the current ones exceed the delay."""
+        delay = self.fabric.reconfig_delay if delay is None else delay
+        cb = np.array([size / self.schedule.collective.chunks_per_buffer])
+        config, total = 0, 0.0
+        configs, flags, times = [], [], []
+        for i in range(len(self.patterns)):
+            own = self.candidates[i][0] if self.candidates[i] else config
+            stay = float(self.cost(i, config, cb)[0])
+            switch = float(self.cost(i, own, cb)[0])
+            switched = own != config and switch + delay < stay
+            if switched:
+                config, total = own, total + delay
+            t = switch if switched else stay
+            total += t
+            configs.append(config)
+            flags.append(switched)
+            times.append(t)
+        return Plan(self.schedule.name, size, delay, total, configs, flags, times, self.configs)
+
+    def plan_brute_force(self, size: float, delay: float | None = None) -> float:
+        """The best total over every choice sequence (exponential: small schedules only)."""
+        delay = self.fabric.reconfig_delay if delay is None else delay
+        cb = np.array([size / self.schedule.collective.chunks_per_buffer])
+        options = [[None, *self.candidates[i]] for i in range(len(self.patterns))]
+        best = np.inf
+        for combo in itertools.product(*options):
+            config, total = 0, 0.0
+            for i, target in enumerate(combo):
+                if target is not None and target != config:
+                    config, total = target, total + delay
+                total += float(self.cost(i, config, cb)[0])
+            best = min(best, total)
+        return best
+
+
+def edge_colouring(codes: np.ndarray, n: int, colours: int) -> np.ndarray:
+    """Split circuits into ``colours`` partial permutations (König: max degree <= colours suffices).
+
+    Returns ``perm[colour, src] = dst`` (-1 where unused); raises if the degree is too high.
+    """
+    src, dst = codes // n, codes % n
+    if len(codes) and (np.bincount(src).max() > colours or np.bincount(dst).max() > colours):
+        raise InfeasibleError(f"a GPU needs more than {colours} circuits", field="ports",
+                              fix="use more ports or fewer circuits per configuration")
+    out = np.full((colours, n), -1, np.int64)  # out[c, u] = v
+    into = np.full((colours, n), -1, np.int64)  # into[c, v] = u
+    for u, v in zip(src.tolist(), dst.tolist(), strict=True):
+        a = next(c for c in range(colours) if out[c, u] < 0)  # free at u
+        b = next(c for c in range(colours) if into[c, v] < 0)  # free at v
+        if a != b and into[a, v] >= 0:
+            # flip the a/b alternating path that starts at v's a-edge, freeing a at v
+            path, x, on_into, colour = [], v, True, a
+            while True:
+                y = into[colour, x] if on_into else out[colour, x]
+                if y < 0:
+                    break
+                path.append((colour, (y, x) if on_into else (x, y)))
+                x, on_into, colour = y, not on_into, b if colour == a else a
+            for c, (p, q) in path:
+                out[c, p] = -1
+                into[c, q] = -1
+            for c, (p, q) in path:
+                flipped = b if c == a else a
+                out[flipped, p] = q
+                into[flipped, q] = p
+        out[a, u] = v
+        into[a, v] = u
+    return out
