@@ -27,7 +27,7 @@ from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, torus
 from lightrail.fabric.topology import NodeKind, Topology
 from lightrail.sim.engine import Engine, StepModel
 
-__all__ = ["ReconfigurableFabric", "Plan", "Planner", "edge_colouring"]
+__all__ = ["ReconfigurableFabric", "Plan", "Planner", "Choice", "choose", "edge_colouring"]
 
 Base = Literal["none", "ring", "torus"]
 
@@ -354,3 +354,47 @@ def edge_colouring(codes: np.ndarray, n: int, colours: int) -> np.ndarray:
         out[a, u] = v
         into[a, v] = u
     return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best (algorithm, plan) for one collective on one fabric, with the runner-up for context."""
+
+    op: str
+    n: int
+    size: float
+    algorithm: str
+    plan: Plan
+    static_s: float
+    ranking: list[tuple[str, float, int]]  # (algorithm, time, reconfigurations), best first
+
+    def explain(self) -> str:
+        best, *rest = self.ranking
+        why = (f"{self.algorithm} with {best[2]} reconfiguration(s) takes {best[1] * 1e6:.1f} us"
+               f" (on its initial circuits alone: {self.static_s * 1e6:.1f} us)")
+        if rest:
+            other = rest[0]
+            why += f"; next best {other[0]} at {other[1] * 1e6:.1f} us ({other[1] / best[1]:.2f}x)"
+        return why
+
+
+def choose(op: str, size: float, fabric: ReconfigurableFabric, *, algorithms=None) -> Choice:
+    """Pick the best (algorithm, plan) among the registered algorithms of ``op``, like a collective
+    library's tuner would, by planning each one exactly on the fabric."""
+    from lightrail.collectives import algorithms as registered
+    from lightrail.collectives import get
+
+    candidates = [get(op, a) for a in algorithms] if algorithms else registered(op)
+    results = []
+    for algo in candidates:
+        if not algo.supports(fabric.n):
+            continue
+        planner = Planner(algo(fabric.n), fabric)
+        plan = planner.plan(size)
+        results.append((plan.total_s, algo.name, plan, planner.plan_static(size).total_s))
+    if not results:
+        raise InfeasibleError(f"no {op} algorithm supports {fabric.n} ranks", field="ranks")
+    results.sort(key=lambda r: r[0])
+    total, name, plan, static = results[0]
+    ranking = [(r[1], r[0], r[2].reconfigurations) for r in results]
+    return Choice(str(op), fabric.n, float(size), name, plan, static, ranking)
