@@ -132,19 +132,36 @@ def collective_cmd(
     oversubscription: Oversubscription = 1.0,
     root: Annotated[int, typer.Option("--root", help="Root rank (broadcast, reduce).")] = 0,
     pipeline: Annotated[int, typer.Option("--pipeline", help="Chunks per tree (double-binary-tree).")] = 1,
+    reconfigurable: Annotated[bool, typer.Option("--reconfigurable", help="Plan on a reconfigurable circuit "
+                                                 "fabric instead of --topology (see --ports, --reconfig-delay).")]
+    = False,
+    ports: Annotated[int, typer.Option("--ports", help="Optical ports per GPU (reconfigurable).")] = 2,
+    reconfig_delay: Annotated[str, typer.Option("--reconfig-delay", help="Circuit reconfiguration delay.")] = "10us",
+    base: Annotated[str, typer.Option("--base", help="Static links under the circuits: none, ring, torus.")]
+    = "none",
+    propagation: Annotated[str, typer.Option("--propagation", help="Fibre delay per circuit hop.")] = "0",
     as_json: JsonOut = False,
 ):
-    """Simulate one collective: time, algorithm and bus bandwidth, steps, and the verifier's proof."""
+    """Simulate one collective: time, algorithm and bus bandwidth, steps, and the verifier's proof;
+    with --reconfigurable, the exact reconfiguration plan on a circuit fabric."""
     from lightrail.sim.collective import evaluate
 
     algorithm = get(op, algo)  # validates --op and --algo first
     nbytes = parse_size(size, field="--size")
-    fabric = _fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
-                     hosts_per_leaf, oversubscription)
     if not 0 <= root < ranks:
         raise ScenarioError(f"root {root} is not a rank of {ranks}", field="--root", fix=f"use 0..{ranks - 1}")
     if pipeline < 1:
         raise ScenarioError("must be at least 1", field="--pipeline")
+    if reconfigurable:
+        delay = parse_time(reconfig_delay, field="--reconfig-delay")
+        _reconfigurable_collective(algorithm, ranks, nbytes, ports, delay, base,
+                                   parse_time(propagation, field="--propagation"),
+                                   parse_rate(bandwidth, field="--bandwidth"), parse_time(latency, field="--latency"),
+                                   parse_time(alpha, field="--alpha"),
+                                   {"gpus_per_server": gpus_per_server, "root": root, "pipeline": pipeline}, as_json)
+        return
+    fabric = _fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
+                     hosts_per_leaf, oversubscription)
     result = evaluate(algorithm.kind, algo, ranks, nbytes, fabric, alpha=parse_time(alpha, field="--alpha"),
                       gpus_per_server=gpus_per_server, root=root, pipeline=pipeline)
     if as_json:
@@ -158,6 +175,52 @@ def collective_cmd(
                        ("verified", f"yes ({result.verification})")):
         table.add_row(key, value)
     out.print(table)
+
+
+def _reconfigurable_collective(algorithm, ranks, nbytes, ports, delay, base, propagation, bandwidth, latency, alpha,
+                               params, as_json) -> None:
+    from lightrail.collectives import bus_factor, verify
+    from lightrail.control.pccl import Planner, ReconfigurableFabric
+    from lightrail.sim.collective import _params
+
+    if ranks < 2:
+        raise ScenarioError(f"{ranks} ranks is too few", field="--ranks", fix="use 2 or more ranks")
+    if base not in ("none", "ring", "torus"):
+        raise ScenarioError(f"unknown base {base!r}", field="--base", fix="use none, ring or torus")
+    if ports < 1:
+        raise ScenarioError(f"{ports} ports", field="--ports", fix="use 1 or more optical ports per GPU")
+    fabric = ReconfigurableFabric(n=ranks, ports=ports, base=base, bandwidth=bandwidth, latency=latency,
+                                  propagation=propagation, reconfig_delay=delay, alpha=alpha)
+    schedule = algorithm(ranks, **_params(algorithm.kind, algorithm.name, params))
+    proof = verify(schedule)
+    planner = Planner(schedule, fabric)
+    plan, static = planner.plan(nbytes), planner.plan_static(nbytes)
+    algbw = nbytes / plan.total_s
+    result = {"op": str(algorithm.kind), "algorithm": algorithm.name, "schedule": schedule.name, "ranks": ranks,
+              "size_bytes": nbytes, "topology": f"reconfigurable(ports={ports},base={base})",
+              "time_s": plan.total_s, "static_time_s": static.total_s, "steps": schedule.nsteps,
+              "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(algorithm.kind, ranks), "verified": True,
+              "verification": proof.method, "reconfig_delay_s": delay, "reconfigurations": plan.reconfigurations,
+              "exact": planner.exact, "plan": plan.to_dict()["plan"]}
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"{result['op']} / {algorithm.name} on a reconfigurable fabric ({ports} ports, "
+                        f"delay {format_time(delay) if delay else '0'})", show_header=False)
+    for key, value in (("time", format_time(plan.total_s)),
+                       ("on the initial circuits only", format_time(static.total_s)),
+                       ("reconfigurations", str(plan.reconfigurations)), ("steps", str(schedule.nsteps)),
+                       ("bus bandwidth", format_rate(result["busbw_Bps"])),
+                       ("verified", f"yes ({proof.method})"), ("plan", "exact" if planner.exact else "windowed")):
+        table.add_row(key, value)
+    out.print(table)
+    steps = Table(title="plan")
+    for col in ("step", "action", "configuration", "time"):
+        steps.add_column(col, justify="right")
+    for row in result["plan"]:
+        steps.add_row(str(row["step"]), "reconfigure" if row["reconfigure"] else "stay", str(row["configuration"]),
+                      format_time(row["time_s"]))
+    out.print(steps)
 
 
 @app.command("algorithms")
@@ -397,6 +460,105 @@ def cost_cmd(
                       f"{r['electrical_capex_usd'] / 1e6:,.2f} / {r['photonic_capex_usd'] / 1e6:,.2f}",
                       f"{r['power_ratio']:.1f}x", f"{r['cost_ratio']:.2f}x")
     out.print(table)
+
+
+study_app = typer.Typer(no_args_is_help=True, help="Studies over grids of cases.")
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("collectives")
+@friendly
+def study_collectives_cmd(
+    ops: Annotated[str, typer.Option("--ops", help="Comma list of collectives.")] =
+    "allreduce,reducescatter,allgather,alltoall",
+    ranks: Annotated[str, typer.Option("--ranks", help="Comma list of rank counts.")] = "8,16,32,64,128,256,1024",
+    sizes: Annotated[str, typer.Option("--sizes", help="1KiB..4GiB (powers of two) or a comma list.")]
+    = "1KiB..4GiB",
+    delays: Annotated[str, typer.Option("--delays", help="Comma list of reconfiguration delays.")]
+    = "0,1us,10us,100us,1ms,10ms",
+    ports: Annotated[int, typer.Option("--ports", help="Optical ports per GPU.")] = 2,
+    bandwidth: Bandwidth = "400Gbps",
+    latency: Latency = "1us",
+    alpha: Alpha = "3us",
+    propagation: Annotated[str, typer.Option("--propagation", help="Fibre delay per circuit hop.")] = "0",
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for study.json, summary.csv and heat maps.")]
+    = Path("out/study-collectives"),
+    as_json: JsonOut = False,
+):
+    """When does reconfiguring the fabric per step pay? Static ring, torus and switch against a
+    reconfigurable fabric, every algorithm planned exactly, over ops x ranks x sizes x delays."""
+    import numpy as np
+
+    from lightrail.report.files import write_json, write_text
+    from lightrail.report.plots import plot_speedup_heatmaps
+    from lightrail.sim.collective_study import StudyGrid, collective_study
+
+    op_list = [_kind(o).value for o in ops.split(",") if o.strip()]
+    try:
+        rank_list = [int(r) for r in ranks.split(",") if r.strip()]
+    except ValueError:
+        raise ScenarioError(f"{ranks!r} is not a list of rank counts", field="--ranks", fix="e.g. 8,64,1024") from None
+    if not rank_list or min(rank_list) < 2:
+        raise ScenarioError("rank counts must be 2 or more", field="--ranks", fix="e.g. 8,64,1024")
+    if ports < 1:
+        raise ScenarioError(f"{ports} ports", field="--ports", fix="use 1 or more")
+    grid = StudyGrid(ops=tuple(op_list), ranks=tuple(rank_list), sizes=tuple(_sizes(sizes)),
+                     delays=tuple(parse_time(d, field="--delays") for d in delays.split(",") if d.strip()),
+                     ports=ports, bandwidth=parse_rate(bandwidth, field="--bandwidth"),
+                     latency=parse_time(latency, field="--latency"), alpha=parse_time(alpha, field="--alpha"),
+                     propagation=parse_time(propagation, field="--propagation"))
+    progress, task = _progress(len(op_list) * len(rank_list), "collective study", as_json)
+    with progress:
+        result = collective_study(grid, progress=lambda name: progress.update(task, advance=1, description=name))
+    tables = result.pop("_tables")
+    for op in op_list:
+        speedup = {}
+        for n in rank_list:
+            t = tables[(op, n)]
+            best_ring = np.min(list(t["static"]["ring"].values()), axis=0)
+            best_reconf = np.min([v[0] for v in t["reconfigurable"].values()], axis=0)
+            speedup[n] = best_ring[None, :] / best_reconf
+        plot_speedup_heatmaps(op, rank_list, grid.sizes, grid.delays, speedup, out_dir / f"heatmap-{op}.png",
+                              title=f"{op}: reconfigurable ({ports} ports) vs the best algorithm on a static ring")
+    lines = ["op,ranks,size_bytes,delay_s,static_ring,static_ring_s,static_torus,static_torus_s,switch,switch_s,"
+             "reconfigurable,reconfigurable_s,reconfigurations,speedup_vs_static_ring,speedup_vs_best_static"]
+    for c in result["cells"]:
+        st, rc = c["best_static"], c["best_reconfigurable"]
+        lines.append(",".join(str(x) for x in (
+            c["op"], c["ranks"], int(c["size_bytes"]), c["delay_s"], st["ring"]["algorithm"],
+            f"{st['ring']['time_s']:.6g}", st["torus"]["algorithm"], f"{st['torus']['time_s']:.6g}",
+            st["switch"]["algorithm"], f"{st['switch']['time_s']:.6g}", rc["algorithm"], f"{rc['time_s']:.6g}",
+            rc["reconfigurations"], f"{c['speedup_vs_static_ring']:.4g}", f"{c['speedup_vs_best_static']:.4g}")))
+    write_text(out_dir / "summary.csv", "\n".join(lines) + "\n")
+    write_json(out_dir / "study.json", result)
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title="reconfigurable vs static ring: best speedup per (op, ranks), and where")
+    for col in ("op", "ranks", "max speedup", "at size", "at delay", "algorithm", "reconfigs"):
+        table.add_column(col, justify="right" if col not in ("op", "algorithm") else "left")
+    for op in op_list:
+        for n in rank_list:
+            mine = [c for c in result["cells"] if c["op"] == op and c["ranks"] == n]
+            best = max(mine, key=lambda c: c["speedup_vs_static_ring"])
+            rc = best["best_reconfigurable"]
+            table.add_row(op, str(n), f"{best['speedup_vs_static_ring']:.2f}x", format_size(best["size_bytes"]),
+                          format_time(best["delay_s"]) if best["delay_s"] else "0", rc["algorithm"],
+                          str(rc["reconfigurations"]))
+    out.print(table)
+    for f in result["findings"]:
+        if f["finding"].startswith("static ring"):
+            out.print(f"n={f['ranks']:>5}: on a static ring, Ring AllReduce beats recursive doubling from "
+                      f"{format_size(f['ring_wins_from_bytes']) if f['ring_wins_from_bytes'] else 'no size'} up"
+                      f" (at the smallest size recursive doubling takes {f['ratio_rd_over_ring_at_smallest']:.2f}x"
+                      f" Ring's time)")
+        elif f["finding"].startswith("short-circuited"):
+            reach = ", ".join(f"{format_time(float(d)) if float(d) else '0'}: "
+                              f"{format_size(s) if s else 'none'}" for d, s in f["wins_up_to_size_by_delay"].items())
+            out.print(f"n={f['ranks']:>5}: short-circuited recursive doubling beats Ring on the static ring up to "
+                      f"(delay: size) {reach}; static recursive doubling only up to "
+                      f"{format_size(f['static_wins_up_to_size']) if f['static_wins_up_to_size'] else 'none'}")
+    out.print(f"wrote {out_dir / 'study.json'}, {out_dir / 'summary.csv'}, heat maps {out_dir}/heatmap-*.png")
 
 
 DEFAULT_DELAYS = "0,10ms,50ms,100ms,250ms,500ms,750ms,1s"

@@ -310,13 +310,16 @@ class Planner:
         delay = self.fabric.reconfig_delay if delay is None else delay
         cb = np.array([size / self.schedule.collective.chunks_per_buffer])
         options = [[None, *self.candidates[i]] for i in range(len(self.patterns))]
+        cost: dict[tuple[int, int], float] = {}
         best = np.inf
         for combo in itertools.product(*options):
             config, total = 0, 0.0
             for i, target in enumerate(combo):
                 if target is not None and target != config:
                     config, total = target, total + delay
-                total += float(self.cost(i, config, cb)[0])
+                if (i, config) not in cost:
+                    cost[i, config] = float(self.cost(i, config, cb)[0])
+                total += cost[i, config]
             best = min(best, total)
         return best
 

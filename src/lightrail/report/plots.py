@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lightrail.report.files import write_atomic  # noqa: E402
 from lightrail.units import format_size  # noqa: E402
 
-__all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep"]
+__all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps"]
 
 
 def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
@@ -83,5 +83,37 @@ def plot_delay_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_speedup_heatmaps(op: str, ranks: Sequence[int], sizes: Sequence[float], delays: Sequence[float],
+                          speedup: dict, path: Path, *, title: str) -> Path:
+    """Per rank count, a heat map of the reconfigurable fabric's speedup over the best algorithm on
+    the static ring, against message size (x) and reconfiguration delay (y)."""
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    cols = min(4, len(ranks))
+    rows = -(-len(ranks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows), squeeze=False)
+    values = np.log2(np.concatenate([speedup[n].ravel() for n in ranks]))
+    bound = max(1.0, float(np.nanmax(np.abs(values[np.isfinite(values)]))))
+    norm = TwoSlopeNorm(vmin=-bound, vcenter=0.0, vmax=bound)
+    image = None
+    for ax, n in zip(axes.ravel(), ranks, strict=False):
+        image = ax.imshow(np.log2(speedup[n]), aspect="auto", origin="lower", cmap="RdBu", norm=norm)
+        ax.set_title(f"n = {n}", fontsize=9)
+        ticks = list(range(0, len(sizes), 4))
+        ax.set_xticks(ticks, [format_size(sizes[i]) for i in ticks], rotation=45, fontsize=7)
+        ax.set_yticks(range(len(delays)), [f"{d * 1e6:g}us" if d < 1e-3 else f"{d * 1e3:g}ms" for d in delays],
+                      fontsize=7)
+    for ax in axes.ravel()[len(ranks):]:
+        ax.axis("off")
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+        bar.set_label("log2 speedup (blue: reconfiguring wins)")
+    fig.suptitle(title, fontsize=11, y=1.03)
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight"))
     plt.close(fig)
     return Path(path)

@@ -121,8 +121,9 @@ def _findings(grid: StudyGrid, tables: dict) -> list[dict]:
             rd_reconf = t["reconfigurable"]["recursive-doubling"][0]  # (delays, sizes)
             beats = rd_reconf < ring_on_ring[None, :]
             out.append({"finding": "short-circuited recursive doubling vs Ring on the static ring", "ranks": n,
-                        "beats_at_smallest_size_for_delays_up_to": _largest(delays, beats[:, 0]),
-                        "largest_size_it_wins_at_zero_delay": _largest(sizes, beats[0])})
+                        "static_wins_up_to_size": _largest(sizes, rd_on_ring < ring_on_ring),
+                        "wins_up_to_size_by_delay": {f"{d:g}": _largest(sizes, beats[i])
+                                                     for i, d in enumerate(delays)}})
         best_static = np.min([v for v in t["static"]["ring"].values()], axis=0)
         best_reconf = np.min([v[0] for v in t["reconfigurable"].values()], axis=0)
         pays = best_reconf < best_static[None, :] * (1 - 1e-9)
