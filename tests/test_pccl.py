@@ -31,7 +31,7 @@ def small_cases():
                 yield pytest.param(algo.kind.value, algo.name, n, ports, id=f"{algo.kind}-{algo.name}-{n}-p{ports}")
 
 
-@pytest.mark.parametrize(("op", "name", "n", "ports"), small_cases())
+@pytest.mark.parametrize(("op", "name", "n", "ports"), list(small_cases()))
 def test_dynamic_programme_equals_brute_force(op, name, n, ports):
     schedule = generate(op, name, n)
     planner = Planner(schedule, ReconfigurableFabric(n=n, ports=ports))

@@ -194,11 +194,12 @@ def _reconfigurable_collective(algorithm, ranks, nbytes, ports, delay, base, pro
     schedule = algorithm(ranks, **_params(algorithm.kind, algorithm.name, params))
     proof = verify(schedule)
     planner = Planner(schedule, fabric)
-    plan, static = planner.plan(nbytes), planner.plan_static(nbytes)
+    plan, static, greedy = planner.plan(nbytes), planner.plan_static(nbytes), planner.plan_threshold(nbytes)
     algbw = nbytes / plan.total_s
     result = {"op": str(algorithm.kind), "algorithm": algorithm.name, "schedule": schedule.name, "ranks": ranks,
               "size_bytes": nbytes, "topology": f"reconfigurable(ports={ports},base={base})",
-              "time_s": plan.total_s, "static_time_s": static.total_s, "steps": schedule.nsteps,
+              "time_s": plan.total_s, "static_time_s": static.total_s, "threshold_time_s": greedy.total_s,
+              "steps": schedule.nsteps,
               "algbw_Bps": algbw, "busbw_Bps": algbw * bus_factor(algorithm.kind, ranks), "verified": True,
               "verification": proof.method, "reconfig_delay_s": delay, "reconfigurations": plan.reconfigurations,
               "exact": planner.exact, "plan": plan.to_dict()["plan"]}
@@ -209,6 +210,7 @@ def _reconfigurable_collective(algorithm, ranks, nbytes, ports, delay, base, pro
                         f"delay {format_time(delay) if delay else '0'})", show_header=False)
     for key, value in (("time", format_time(plan.total_s)),
                        ("on the initial circuits only", format_time(static.total_s)),
+                       ("threshold heuristic (short-circuiting)", format_time(greedy.total_s)),
                        ("reconfigurations", str(plan.reconfigurations)), ("steps", str(schedule.nsteps)),
                        ("bus bandwidth", format_rate(result["busbw_Bps"])),
                        ("verified", f"yes ({proof.method})"), ("plan", "exact" if planner.exact else "windowed")):
