@@ -9,7 +9,7 @@ can double each round. Forwarding is scheduled round by round as a maximum match
 holders and free ranks missing a chunk, each pair moving its rarest chunk.
 
 Status: the schedule is correct (verified) for every n; its round count meets the lower bound for
-n <= 5 and stays within ~20% of it up to n = 128, but synthesis holds an n x n x n array per round,
+n <= 5 and stays within ~20% of it up to n = 128, but synthesis costs an n x n x n product per round,
 so it is not registered as an algorithm yet (n = 1,024 must synthesise in seconds).
 
 Lower bound on phase-2 rounds (``lower_bound``): the straggler receives one chunk per round and needs
@@ -64,7 +64,8 @@ def phase2_rounds(n: int) -> list[list[tuple[int, int, int, Op]]]:
         for stage in (empty, ~empty):
             can_send = ~busy_send & final.any(axis=1)
             can_recv = ~busy_recv & ~final.all(axis=1) & stage
-            useful = (final[:, None, :] & ~final[None, :, :]).any(axis=2) & can_send[:, None] & can_recv[None, :]
+            lacks = (final.astype(np.float32) @ (~final).T.astype(np.float32)) > 0  # u holds a chunk v lacks
+            useful = lacks & can_send[:, None] & can_recv[None, :]
             np.fill_diagonal(useful, False)
             match = maximum_bipartite_matching(csr_matrix(useful.astype(np.int8)), perm_type="column")
             for u in range(n):
