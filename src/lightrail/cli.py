@@ -563,6 +563,79 @@ def study_collectives_cmd(
     out.print(f"wrote {out_dir / 'study.json'}, {out_dir / 'summary.csv'}, heat maps {out_dir}/heatmap-*.png")
 
 
+stragglar_app = typer.Typer(no_args_is_help=True, help="StragglAR: AllReduce with a persistent straggler.")
+app.add_typer(stragglar_app, name="stragglar")
+
+
+def _rank_range(text: str) -> list[int]:
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split("..", 1))
+            ranks = list(range(lo, hi + 1))
+        else:
+            ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ScenarioError(f"cannot read {text!r} as rank counts", field="--ranks",
+                            fix="e.g. 8, 2..64 or 4,8,16") from None
+    if not ranks or min(ranks) < 2:
+        raise ScenarioError(f"{text!r}: rank counts must be 2 or more", field="--ranks", fix="e.g. 2..64")
+    return ranks
+
+
+@stragglar_app.command("rounds")
+@friendly
+def stragglar_rounds_cmd(
+    ranks: Annotated[str, typer.Option("--ranks", "-n", help="A rank count, a range 2..64 or a comma list.")] = "8",
+    as_json: JsonOut = False,
+):
+    """Phase-2 rounds of the synthesised StragglAR schedule against the lower bound, per rank count."""
+    from lightrail.collectives.stragglar import lower_bound, phase2_rounds
+
+    rows = [{"ranks": n, "rounds": len(phase2_rounds(n)), "lower_bound": lower_bound(n)} for n in _rank_range(ranks)]
+    if as_json:
+        _print_json(rows[0] if len(rows) == 1 else {"rows": rows})
+        return
+    table = Table(title="StragglAR phase-2 rounds")
+    for col in ("ranks", "rounds", "lower bound", "gap"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["ranks"]), str(r["rounds"]), str(r["lower_bound"]), str(r["rounds"] - r["lower_bound"]))
+    out.print(table)
+
+
+@stragglar_app.command("compare")
+@friendly
+def stragglar_compare_cmd(
+    ranks: Ranks = 8,
+    size: Annotated[str, typer.Option("--size", "-s", help="Buffer size per rank.")] = "64MiB",
+    delay: Annotated[str, typer.Option("--delay", help="How late the straggler (rank n-1) arrives.")] = "5ms",
+    topology: TopologyOpt = "switch",
+    bandwidth: Annotated[str, typer.Option("--bandwidth", help="Per-GPU link rate (NVSwitch-style default).")]
+    = "450GBps",
+    latency: Latency = "1us",
+    alpha: Alpha = "3us",
+    as_json: JsonOut = False,
+):
+    """Time to finish with a straggler: StragglAR against Ring, halving-doubling, tree and
+    "wait, then run the best algorithm" (in the model)."""
+    from lightrail.sim.collective import straggler_comparison
+
+    fabric = _fabric(topology, ranks, bandwidth, latency, None, 8, f"{NVLINK_BANDWIDTH / 1e9:g}GBps", 32, 1.0)
+    result = straggler_comparison(ranks, parse_size(size, field="--size"), parse_time(delay, field="--delay"), fabric,
+                                  alpha=parse_time(alpha, field="--alpha"))
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"AllReduce of {size} on {result['topology']}, straggler {delay} late")
+    table.add_column("algorithm")
+    table.add_column("time to finish", justify="right")
+    for name, t in sorted(result["times_s"].items(), key=lambda kv: kv[1]):
+        table.add_row(name, format_time(t))
+    out.print(table)
+    out.print(f"StragglAR: {result['speedup_over_ring']:.2f}x over Ring, {result['speedup_over_best']:.2f}x over "
+              f"waiting then running {result['wait_then_best']}")
+
+
 DEFAULT_DELAYS = "0,10ms,50ms,100ms,250ms,500ms,750ms,1s"
 
 

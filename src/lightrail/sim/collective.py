@@ -14,7 +14,7 @@ from lightrail.errors import UnsupportedError
 from lightrail.fabric.topology import Topology
 from lightrail.sim.engine import Engine
 
-__all__ = ["CollectiveResult", "evaluate", "sweep"]
+__all__ = ["CollectiveResult", "evaluate", "sweep", "straggler_comparison"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,34 @@ def sweep(op: str | Kind, n: int, sizes: Sequence[float], topology: Topology, *,
         if progress:
             progress(algo.name)
     return rows
+
+
+def straggler_comparison(n: int, size: float, delay: float, topology: Topology, *, alpha: float = 0.0,
+                         algorithms_to_compare: Sequence[str] = ("ring", "halving-doubling", "double-binary-tree",
+                                                                 "recursive-doubling")) -> dict:
+    """Time to finish an AllReduce when rank n-1 arrives ``delay`` late.
+
+    StragglAR runs its phase 1 among the early ranks during the delay (finishing at
+    ``max(delay, phase 1)``) and its phase 2 after; every other algorithm must wait for the straggler
+    (``delay + its time``). "wait then best" is the fastest of those.
+    """
+    from lightrail.collectives.stragglar import stragglar_allreduce
+
+    engine = Engine(topology, alpha=alpha)
+    schedule = stragglar_allreduce(n)
+    verify(schedule)
+    steps = engine.time(schedule, size).step_times
+    split = schedule.params["phase1_steps"]
+    phase1, phase2 = float(steps[:split].sum()), float(steps[split:].sum())
+    rows = {"stragglar": max(delay, phase1) + phase2}
+    for name in algorithms_to_compare:
+        algo = get(Kind.ALLREDUCE, name)
+        if algo.supports(n):
+            rows[name] = delay + engine.time(algo(n), size).time_s
+    waiting = {k: v for k, v in rows.items() if k != "stragglar"}
+    best = min(waiting, key=waiting.get)
+    return {"ranks": n, "size_bytes": float(size), "delay_s": float(delay), "topology": topology.name,
+            "stragglar_s": rows["stragglar"], "stragglar_phase1_s": phase1, "stragglar_phase2_s": phase2,
+            "times_s": rows, "wait_then_best": best, "wait_then_best_s": waiting[best],
+            "speedup_over_ring": rows.get("ring", float("nan")) / rows["stragglar"],
+            "speedup_over_best": waiting[best] / rows["stragglar"]}
