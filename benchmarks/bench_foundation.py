@@ -63,13 +63,13 @@ def with_target(times: dict[str, float], target: float, key: str = "total") -> d
     return {"seconds": times, "target_s": target, "target_of": key, "meets_target": times[key] < target}
 
 
-def bench_ring_rails() -> dict:
-    n = 4096
+def _generate_verify_simulate(build_topology, algorithm: str, n: int):
+    """Best-of timing of topology, generate, verify and simulate for one AllReduce at 1 GiB."""
 
     def run(clock):
-        topo = rails(n, latency=LATENCY)
+        topo = build_topology()
         clock("topology")
-        schedule = generate("allreduce", "ring", n)
+        schedule = generate("allreduce", algorithm, n)
         clock("generate")
         proof = verify(schedule)
         clock("verify")
@@ -77,26 +77,19 @@ def bench_ring_rails() -> dict:
         clock("simulate")
         return proof, timing
 
-    times, (proof, timing) = best_of(run)
+    return best_of(run)
+
+
+def bench_ring_rails() -> dict:
+    n = 4096
+    times, (proof, timing) = _generate_verify_simulate(lambda: rails(n, latency=LATENCY), "ring", n)
     return {"ranks": n, "topology": f"rails({n})", "size_bytes": GIB, "steps": timing.steps,
             "simulated_time_s": timing.time_s, "verify_method": proof.method, **with_target(times, 2.0)}
 
 
 def bench_doubling_torus() -> dict:
     n, shape = 1024, (32, 32)
-
-    def run(clock):
-        topo = torus(shape, latency=LATENCY)
-        clock("topology")
-        schedule = generate("allreduce", "recursive-doubling", n)
-        clock("generate")
-        proof = verify(schedule)
-        clock("verify")
-        timing = Engine(topo, alpha=ALPHA).time(schedule, GIB)
-        clock("simulate")
-        return proof, timing
-
-    times, (proof, timing) = best_of(run)
+    times, (proof, timing) = _generate_verify_simulate(lambda: torus(shape, latency=LATENCY), "recursive-doubling", n)
     return {"ranks": n, "topology": "torus(32x32)", "size_bytes": GIB, "steps": timing.steps,
             "simulated_time_s": timing.time_s, "verify_method": proof.method, **with_target(times, 2.0)}
 

@@ -14,7 +14,7 @@ from lightrail.collectives.collective import Kind
 from lightrail.collectives.schedule import Schedule
 from lightrail.errors import UnsupportedError
 
-__all__ = ["Algorithm", "register", "algorithms", "get", "generate", "kinds"]
+__all__ = ["Algorithm", "register", "algorithms", "get", "generate"]
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,6 @@ def _load() -> None:
         ring,
         tree,
     )
-
-
-def kinds() -> list[Kind]:
-    return list(Kind)
 
 
 def algorithms(kind: Kind | str | None = None) -> list[Algorithm]:

@@ -270,7 +270,8 @@ class _Simulation:
         waiting: dict[tuple[int, int], int] = {}
         finish = [t0] * pp
         async_end = t0
-        self.acc = [dict(compute=0.0, communication=0.0, reconfiguration=0.0, bubble=0.0) for _ in range(pp)]
+        # bubble is derived in result(): the iteration minus what the stage was busy with
+        self.acc = [dict(compute=0.0, communication=0.0, reconfiguration=0.0) for _ in range(pp)]
         self.events: list = [] if record else None
         reconfig_mark = len(self.rails.reconfigs)
         for s in range(pp):
@@ -297,7 +298,6 @@ class _Simulation:
                     ready = channel[key].pop(0)
                     if ready > t:
                         self._event(track, f"wait {op.label}", "bubble", t, ready - t)
-                        self.acc[s]["bubble"] += ready - t
                     index[s] += 1
                     push(max(t, ready), s)
                 else:
