@@ -30,6 +30,7 @@ from scipy.sparse.csgraph import maximum_bipartite_matching
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.ring import ring_reduce_scatter_into
 from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.errors import UnsupportedError
 
 __all__ = ["stragglar_allreduce", "phase2_rounds", "lower_bound"]
 
@@ -86,17 +87,23 @@ def phase2_rounds(n: int) -> list[list[tuple[int, int, int, Op]]]:
     return rounds
 
 
-def stragglar_allreduce(n: int) -> Schedule:
-    """StragglAR AllReduce with rank n-1 as the straggler; ``params['phase1_steps']`` marks the split."""
+def stragglar_allreduce(n: int, straggler: int | None = None) -> Schedule:
+    """StragglAR AllReduce with ``straggler`` (default n-1) arriving late; ``params['phase1_steps']``
+    marks the split between the early ranks' reduce-scatter and the rounds after it arrives."""
+    straggler = n - 1 if straggler is None else int(straggler)
+    if not 0 <= straggler < n:
+        raise UnsupportedError(f"straggler {straggler} is not a rank of {n}", field="straggler",
+                               fix=f"pick a rank in 0..{n - 1}")
+    rank = np.array([r for r in range(n) if r != straggler] + [straggler])  # synthesis rank -> real rank
     b = ScheduleBuilder(Kind.ALLREDUCE, n, n - 1)
-    early = np.arange(n - 1)
-    step = ring_reduce_scatter_into(b, 0, early[None, :], early.reshape(1, n - 1, 1))
+    early = rank[:-1]
+    step = ring_reduce_scatter_into(b, 0, early[None, :], np.arange(n - 1).reshape(1, n - 1, 1))
     phase1 = step
     for moves in phase2_rounds(n):
         for op in (Op.REDUCE, Op.COPY):
             chosen = [(u, v, c) for u, v, c, o in moves if o is op]
             if chosen:
                 src, dst, ch = (np.array(x) for x in zip(*chosen, strict=True))
-                b.add(step, src, dst, ch, op)
+                b.add(step, rank[src], rank[dst], ch, op)
         step += 1
-    return b.build(f"stragglar_allreduce(n={n})", phase1_steps=phase1, straggler=n - 1)
+    return b.build(f"stragglar_allreduce(n={n})", phase1_steps=phase1, straggler=straggler)
