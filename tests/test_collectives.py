@@ -22,6 +22,7 @@ from lightrail.collectives import (
     register,
     verify,
 )
+from lightrail.collectives.stragglar import phase2
 from lightrail.collectives.tree import _second_tree, btree_parents
 from lightrail.collectives.verify import verify_bitset
 from lightrail.errors import UnsupportedError
@@ -55,6 +56,7 @@ STEPS = {
     ("allreduce", "direct"): lambda n: 1,
     ("allreduce", "double-binary-tree"): lambda n: 2 * _log2_ceil(n),
     ("allreduce", "hierarchical"): lambda n: 2 * (math.gcd(n, 8) - 1) + 2 * (n // math.gcd(n, 8) - 1),
+    ("allreduce", "stragglar"): lambda n: n - 2 + phase2(n).rounds,  # rounds vs their bound: test_stragglar.py
     ("reducescatter", "ring"): lambda n: n - 1,
     ("reducescatter", "recursive-halving"): lambda n: _log2_floor(n) + _fold(n),
     ("reducescatter", "bruck"): _log2_ceil,

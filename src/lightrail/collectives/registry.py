@@ -70,6 +70,7 @@ def _load() -> None:
         doubling,
         hierarchical,
         ring,
+        stragglar,
         tree,
     )
 

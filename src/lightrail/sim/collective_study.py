@@ -21,10 +21,11 @@ from lightrail.sim.engine import Engine
 
 __all__ = ["StudyGrid", "collective_study", "EXCLUDED"]
 
-EXCLUDED = {("allreduce", "direct"): 256, ("alltoall", "pairwise"): 256}
-"""(op, algorithm) -> largest n studied: n-1 circuits per GPU never fit the ports, so these only run on
-their initial circuits, and routing n^2 pairs over long multi-hop paths is what dominates the study's
-cost; they are never competitive at that scale."""
+EXCLUDED = {("allreduce", "direct"): 256, ("alltoall", "pairwise"): 256, ("allreduce", "stragglar"): 0}
+"""(op, algorithm) -> largest n studied. Direct and pairwise: n-1 circuits per GPU never fit the ports,
+so these only run on their initial circuits, and routing n^2 pairs over long multi-hop paths is what
+dominates the study's cost; they are never competitive at that scale. StragglAR only pays off when a
+straggler hides its phase 1, which this study has none of (``lightrail stragglar compare`` does)."""
 
 
 @dataclass(frozen=True, kw_only=True)
