@@ -20,6 +20,7 @@ from lightrail.errors import ScenarioError
 from lightrail.sim.cost import CostFacts
 from lightrail.sim.iteration import RailFabric
 from lightrail.units import parse_rate, parse_time
+from lightrail.validation import first_error
 from lightrail.workload.hardware import GPU, gpu
 from lightrail.workload.importers import model_from_hf_config
 from lightrail.workload.model import ModelSpec, preset
@@ -162,12 +163,7 @@ def parse_scenario(data: Any, *, source: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "ModelSection"))) or source
-        kind = err["type"]
-        fix = {"extra_forbidden": "remove it or check its spelling (see examples/)",
-               "missing": "add it (see examples/)"}.get(kind, "see examples/ for the expected form")
-        raise ScenarioError(err["msg"].lower(), field=where, fix=fix) from None
+        raise first_error(e, source=source, hint="see examples/") from None
 
 
 def load_scenario(path: str | Path | None) -> tuple[Scenario, Path | None]:

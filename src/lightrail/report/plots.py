@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lightrail.report.files import write_atomic  # noqa: E402
 from lightrail.units import format_size  # noqa: E402
 
-__all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps"]
+__all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps", "plot_straggler_run",
+           "plot_straggler_speedups"]
 
 
 def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
@@ -117,3 +118,155 @@ def plot_speedup_heatmaps(op: str, ranks: Sequence[int], sizes: Sequence[float],
     write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight"))
     plt.close(fig)
     return Path(path)
+
+
+def plot_straggler_run(rows: Sequence[dict], path: Path, title: str) -> Path:
+    """Measured time to finish per AllReduce method against size (log-log), and StragglAR's speedup
+    over gloo's native AllReduce and over lightrail's Ring (rows from ``measure_straggler``)."""
+    rows = sorted(rows, key=lambda r: r["size_bytes"])
+    sizes = [r["size_bytes"] for r in rows]
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for key, label, style in (("stragglar_s", "StragglAR", "-"), ("ring_s", "lightrail Ring", "--"),
+                              ("native_s", "gloo dist.all_reduce", ":")):
+        ax_t.plot(sizes, [r[key] for r in rows], marker="o", ms=4, linestyle=style, label=label)
+    delays = {r["delay_s"] for r in rows}
+    if len(delays) == 1 and min(delays) > 0:
+        ax_t.axhline(min(delays), color="grey", lw=0.8, linestyle="-.", label="straggler delay")
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("time to finish, slowest rank (s)")
+    ax_t.legend(fontsize=8)
+    for key, label in (("speedup_over_native", "over gloo dist.all_reduce"), ("speedup_over_ring", "over Ring")):
+        ax_s.plot(sizes, [r[key] for r in rows], marker="o", ms=4, label=label)
+    ax_s.axhline(1.0, color="grey", lw=0.8)
+    ax_s.set_ylabel("StragglAR speedup (x, >1: StragglAR faster)")
+    ax_s.legend(fontsize=8)
+    for ax in (ax_t, ax_s):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [format_size(s) for s in sizes], fontsize=8)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel("buffer size per rank")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def _delay_label(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    return f"{seconds * 1e6:g}us" if seconds < 1e-3 else f"{seconds * 1e3:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+def _speedup_lines(ax, series: list[tuple[str, list, list, list]], colours: dict[str, str],
+                   points: dict[str, tuple[list, list, list]] | None = None) -> None:
+    """Per fabric ``(name, xs, over Ring, over wait-then-best)``: a solid and a dotted line in the fabric's
+    colour; fabrics with identical curves share one pair of lines (and one legend entry).
+    ``points`` optionally marks the swept values on dense curves."""
+    import numpy as np
+
+    groups: list[tuple[list[str], list, list, list]] = []
+    for name, xs, ring_ys, best_ys in series:
+        same = next((g for g in groups if len(g[1]) == len(xs) and np.allclose(g[1], xs, rtol=1e-12, atol=0)
+                     and np.allclose(g[2], ring_ys, rtol=1e-9, atol=0)
+                     and np.allclose(g[3], best_ys, rtol=1e-9, atol=0)), None)
+        if same:
+            same[0].append(name)
+        else:
+            groups.append(([name], xs, ring_ys, best_ys))
+    for names, xs, ring_ys, best_ys in groups:
+        colour, label = colours[names[0]], " = ".join(names)
+        marks = {} if points else {"marker": "o", "ms": 4}
+        ring_is_best = np.allclose(ring_ys, best_ys, rtol=1e-9, atol=0)
+        ax.plot(xs, ring_ys, color=colour, **marks,
+                label=f"{label}: over Ring" + (" (= wait-then-best)" if ring_is_best else ""))
+        if not ring_is_best:  # Ring is not the best waiting algorithm everywhere
+            ax.plot(xs, best_ys, color=colour, linestyle=":", **({} if points else {"marker": ".", "ms": 4}),
+                    label=f"{label}: over wait-then-best")
+        if points:
+            px, pr, pb = points[names[0]]
+            ax.plot(px, pr, "o", ms=4, color=colour)
+            if not ring_is_best:
+                ax.plot(px, pb, ".", ms=5, color=colour)
+    ax.axhline(1.0, color="grey", lw=0.9, linestyle="--")
+    ax.set_ylabel("StragglAR speedup (x, >1: StragglAR faster)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Path, *, title: str,
+                            at_delay: float | None = None, at_ranks: int | None = None) -> tuple[Path, Path]:
+    """StragglAR's speedup over Ring (solid) and over "wait, then the best algorithm" (dotted, same
+    colour) per fabric: against the rank count at one delay, and against the delay at one rank count.
+
+    ``result`` is :func:`lightrail.sim.collective.straggler_sweep`'s output; ``at_delay`` defaults
+    to its largest delay and ``at_ranks`` to 8 if swept, else its smallest rank count. Time is affine
+    in the delay, so the curves against it are drawn exactly from ``result["profiles"]`` between the
+    swept delays (marked), peaks at D = StragglAR's phase 1 included.
+    """
+    import numpy as np
+
+    cells, profiles = result["cells"], result.get("profiles", [])
+    delays, ranks = result["delays_s"], result["ranks"]
+    at_delay = max(delays) if at_delay is None else at_delay
+    at_ranks = (8 if 8 in ranks else min(ranks)) if at_ranks is None else at_ranks
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = list(result["topologies"])
+    colours = {name: cycle[i % len(cycle)] for i, name in enumerate(names)}
+
+    def pick(name, keep, x_of):
+        mine = sorted((c for c in cells if c["topology"] == name and keep(c)), key=x_of)
+        return ([x_of(c) for c in mine], [c["speedup_over_ring"] for c in mine],
+                [c["speedup_over_best"] for c in mine])
+
+    # against n, at one delay
+    fig, ax = plt.subplots(figsize=(10.5, 4.8))
+    series = [(name, *pick(name, lambda c: c["delay_s"] == at_delay, lambda c: c["ranks"])) for name in names]
+    _speedup_lines(ax, [s for s in series if s[1]], colours)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ranks, [str(n) for n in ranks], fontsize=8)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("ranks n (rank n-1 is the straggler)")
+    ax.set_title(f"{title}\nstraggler {_delay_label(at_delay)} late", fontsize=10)
+    fig.tight_layout()
+    write_atomic(Path(path_vs_ranks), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+    # against the delay, at one n: exact curves from the phase times, swept delays marked
+    fig, ax = plt.subplots(figsize=(10.5, 4.8))
+    positive = [d for d in delays if d > 0]
+    scale = 1e3  # plot in ms, label with units
+    points = {name: pick(name, lambda c: c["ranks"] == at_ranks, lambda c: c["delay_s"] * scale) for name in names}
+    mine = {p["topology"]: p for p in profiles if p["ranks"] == at_ranks}
+    series = []
+    for name in names:
+        if not points[name][0]:
+            continue
+        prof = mine.get(name)
+        if prof is None or not positive:
+            series.append((name, *points[name]))
+            continue
+        grid = np.unique(np.concatenate([np.linspace(0, min(positive), 50) if min(delays) == 0 else [],
+                                         np.geomspace(min(positive), max(delays), 200), delays,
+                                         [prof["stragglar_phase1_s"]] if prof["stragglar_phase1_s"] <= max(delays)
+                                         else []]))
+        ours = np.maximum(grid, prof["stragglar_phase1_s"]) + prof["stragglar_phase2_s"]
+        ring = grid + prof["waiting_s"].get("ring", np.nan)
+        best = grid + min(prof["waiting_s"].values())
+        series.append((name, list(grid * scale), list(ring / ours), list(best / ours)))
+    dense = bool(positive) and all(p in mine for p in names if points[p][0])
+    _speedup_lines(ax, series, colours, points if dense else None)
+    if positive and min(delays) == 0:
+        ax.set_xscale("symlog", linthresh=min(positive) * scale, linscale=0.5)
+        ax.set_xlim(-0.15 * min(positive) * scale, max(delays) * scale * 1.15)
+    elif positive:
+        ax.set_xscale("log")
+    ax.set_xticks([d * scale for d in delays], [_delay_label(d) for d in delays], fontsize=8)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("straggler delay D (speedup over Ring peaks where D = StragglAR's phase 1)")
+    ax.set_title(f"{title}\n{at_ranks} ranks", fontsize=10)
+    fig.tight_layout()
+    write_atomic(Path(path_vs_delay), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path_vs_ranks), Path(path_vs_delay)

@@ -37,6 +37,7 @@ def run_schedule(schedule: Schedule, buffer: torch.Tensor, *, group: dist.Proces
         raise UnsupportedError(f"schedule for {schedule.nranks} ranks on a group of {world}", field="schedule")
     rank = dist.get_rank(group)
     chunks = buffer.view(-1).tensor_split(schedule.collective.chunks_per_buffer)
+    pool: list[torch.Tensor] = []  # receive buffers reused across steps (fresh pages cost page faults)
     peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)  # noqa: E731
     for step in schedule.steps:
         sends = sorted(zip(step.dst[step.src == rank].tolist(), step.chunk[step.src == rank].tolist(), strict=True))
@@ -46,8 +47,8 @@ def run_schedule(schedule: Schedule, buffer: torch.Tensor, *, group: dist.Proces
         ops, landed = [], []
         for dst, c in sends:
             ops.append(dist.P2POp(dist.isend, chunks[c], peer(dst), group, tag=c))
-        for src, c, op in recvs:
-            scratch = torch.empty_like(chunks[c])
+        for i, (src, c, op) in enumerate(recvs):
+            scratch = _scratch(pool, i, chunks[c])
             ops.append(dist.P2POp(dist.irecv, scratch, peer(src), group, tag=c))
             landed.append((c, op, scratch))
         if not ops:
@@ -60,3 +61,11 @@ def run_schedule(schedule: Schedule, buffer: torch.Tensor, *, group: dist.Proces
             else:
                 chunks[c].copy_(scratch)
     return buffer
+
+
+def _scratch(pool: list[torch.Tensor], i: int, like: torch.Tensor) -> torch.Tensor:
+    """The i-th receive buffer of a step, shaped like ``like``, from ``pool``."""
+    if i == len(pool) or pool[i].numel() < like.numel():
+        buf = torch.empty(like.numel(), dtype=like.dtype)
+        pool[i:i + 1] = [buf]
+    return pool[i][:like.numel()]

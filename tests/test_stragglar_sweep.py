@@ -1,0 +1,124 @@
+"""StragglAR's speedup sweep over rank counts x straggler delays x fabrics: it agrees with the
+one-case comparison, time is affine in the delay, and the CLI validates before it writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from lightrail.cli import app
+from lightrail.collectives.stragglar import stragglar_allreduce
+from lightrail.fabric.builders import build_topology
+from lightrail.sim.collective import straggler_comparison, straggler_sweep
+from lightrail.sim.engine import Engine
+
+SIZE, BW, LAT, ALPHA = 2.0**26, 450e9, 1e-6, 3e-6
+
+
+def _builder(kind: str):
+    return lambda n: build_topology(kind, n, bandwidth=BW, latency=LAT)
+
+
+def _cells(result, topology, n):
+    return sorted((c for c in result["cells"] if c["topology"] == topology and c["ranks"] == n),
+                  key=lambda c: c["delay_s"])
+
+
+def test_every_cell_equals_the_one_case_comparison():
+    delays = [0.0, 1e-4, 1e-3, 5e-3]
+    kinds = ("switch", "ring", "torus2d", "rails")
+    result = straggler_sweep([8, 4], delays, SIZE, {k: _builder(k) for k in kinds}, alpha=ALPHA)
+    assert result["ranks"] == [4, 8] and result["delays_s"] == delays and result["topologies"] == list(kinds)
+    assert len(result["cells"]) == len(kinds) * 2 * len(delays) and result["skipped"] == []
+    for c in result["cells"]:
+        one = straggler_comparison(c["ranks"], SIZE, c["delay_s"], _builder(c["topology"])(c["ranks"]), alpha=ALPHA)
+        assert c["stragglar_s"] == pytest.approx(one["stragglar_s"], rel=1e-12)
+        assert c["ring_s"] == pytest.approx(one["times_s"]["ring"], rel=1e-12)
+        assert c["best_waiting_s"] == pytest.approx(one["wait_then_best_s"], rel=1e-12)
+        assert c["wait_then_best"] == one["wait_then_best"]
+        assert c["speedup_over_ring"] == pytest.approx(one["speedup_over_ring"], rel=1e-12)
+        assert c["speedup_over_best"] == pytest.approx(one["speedup_over_best"], rel=1e-12)
+
+
+def test_on_a_switch_time_is_affine_in_the_delay_and_phase_1_hides_behind_it():
+    n = 8
+    topology = build_topology("switch", n, bandwidth=BW, latency=LAT)
+    # the phase sums, independently: StragglAR's own step times split at its phase-1 boundary
+    schedule = stragglar_allreduce(n)
+    steps = Engine(topology, alpha=ALPHA).time(schedule, SIZE).step_times
+    split = schedule.params["phase1_steps"]
+    phase1, phase2 = float(steps[:split].sum()), float(steps[split:].sum())
+    assert 0 < phase1 < 1e-3
+
+    delays = sorted(set(np.linspace(0, 4 * phase1, 39).tolist()) | {phase1, 1e-3, 5e-3, 20e-3})
+    result = straggler_sweep([n], delays, SIZE, {"switch": lambda m: topology}, alpha=ALPHA)
+    cells = _cells(result, "switch", n)
+    d = np.array([c["delay_s"] for c in cells])
+    ours, ring = np.array([c["stragglar_s"] for c in cells]), np.array([c["ring_s"] for c in cells])
+    speedup = np.array([c["speedup_over_ring"] for c in cells])
+
+    assert cells[0]["delay_s"] == 0 and cells[0]["stragglar_s"] == pytest.approx(phase1 + phase2, rel=1e-12)
+    assert (np.diff(ours) >= 0).all()  # a later straggler never makes StragglAR finish sooner
+    assert ours == pytest.approx(np.maximum(d, phase1) + phase2, rel=1e-12)  # flat until D = phase 1, then slope 1
+    assert ring - d == pytest.approx(np.full(len(d), ring[0]), rel=1e-12)  # Ring: D + a constant, slope exactly 1
+    hidden = d <= phase1
+    assert (np.diff(speedup[hidden]) >= 0).all()  # speedup grows with D while phase 1 is not yet hidden
+    assert speedup[hidden][-1] > speedup[0]
+    assert speedup[~hidden] == pytest.approx(ring[~hidden] / (d[~hidden] + phase2), rel=1e-12)
+    assert speedup.argmax() == np.flatnonzero(d == phase1)[0]  # the peak is at D = phase 1
+    assert (np.diff(speedup[~hidden]) <= 0).all() and speedup[-1] > 1  # then it falls towards 1
+
+
+def test_fabrics_that_cannot_take_n_are_skipped_with_the_reason():
+    result = straggler_sweep([8, 12], [0.0, 1e-3], SIZE, {"switch": _builder("switch"), "rails": _builder("rails")},
+                             alpha=ALPHA)
+    assert [(s["topology"], s["ranks"]) for s in result["skipped"]] == [("rails", 12)]
+    assert "servers of 8" in result["skipped"][0]["reason"]
+    assert {(c["topology"], c["ranks"]) for c in result["cells"]} == {("switch", 8), ("switch", 12), ("rails", 8)}
+
+
+def test_the_cli_writes_the_json_and_both_plots(tmp_path):
+    out_dir = tmp_path / "sweep"
+    r = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4,8,12", "--delays", "0,100us,1ms",
+                                 "--topologies", "switch,rails", "--at-delay", "1ms", "--at-ranks", "4",
+                                 "--out", str(out_dir), "--json"])
+    assert r.exit_code == 0, r.output
+    printed = json.loads(r.output)
+    written = json.loads((out_dir / "sweep.json").read_text())
+    assert printed == written
+    assert sorted(p.name for p in out_dir.iterdir()) == ["speedup-vs-delay.png", "speedup-vs-ranks.png",
+                                                          "sweep.json"]
+    for png in ("speedup-vs-delay.png", "speedup-vs-ranks.png"):
+        assert (out_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert written["settings"]["at_delay_s"] == 1e-3 and written["settings"]["at_ranks"] == 4
+    assert [(s["topology"], s["ranks"]) for s in written["skipped"]] == [("rails", 12)]
+    assert len(written["cells"]) == (2 * 3 - 1) * 3
+    cell = next(c for c in written["cells"] if (c["topology"], c["ranks"], c["delay_s"]) == ("switch", 8, 1e-3))
+    one = straggler_comparison(8, SIZE, 1e-3, build_topology("switch", 8, bandwidth=BW, latency=LAT), alpha=ALPHA)
+    assert cell["speedup_over_ring"] == pytest.approx(one["speedup_over_ring"], rel=1e-12)
+
+    table = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4", "--delays", "0,1ms", "--topologies",
+                                     "switch", "--out", str(tmp_path / "table")])
+    assert table.exit_code == 0, table.output
+    assert "switch" in table.output and "sweep.json" in table.output
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--delays", "abc"], "--delays"),
+    (["--delays", "0,1ms", "--at-delay", "2ms"], "--at-delay"),
+    (["--topologies", "switch,nosuch"], "--topologies"),
+    (["--ranks", "1"], "--ranks"),
+    (["--ranks", "4,8", "--at-ranks", "16"], "--at-ranks"),
+    (["--size", "64"], "--size"),
+    (["--topologies", "rails", "--ranks", "12"], "--ranks"),  # every (fabric, n) skipped: nothing to plot
+], ids=["delays", "at-delay", "topologies", "ranks", "at-ranks", "size", "all-skipped"])
+def test_bad_flags_exit_2_naming_the_flag_and_write_nothing(tmp_path, args, flag):
+    out_dir = tmp_path / "out"
+    r = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4", "--delays", "0,1ms", "--out", str(out_dir),
+                                 *args])
+    assert r.exit_code == 2, r.output
+    assert flag in r.output
+    assert not out_dir.exists()
