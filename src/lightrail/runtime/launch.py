@@ -1,10 +1,16 @@
-"""Start n CPU processes joined in a gloo process group on loopback, run a function, collect results."""
+"""Start n CPU processes joined in a process group on loopback, run a function, collect results.
+
+The default group is gloo unless the caller names another backend; ``init`` (a picklable callable
+taking no arguments) runs in every worker before ``init_process_group``, e.g. to register a custom
+backend with ``dist.Backend.register_backend``.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -18,20 +24,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, n: int, port: int, fn: Callable, args: tuple, results) -> None:
+def _worker(rank: int, n: int, port: int, fn: Callable, args: tuple, results, backend: str = "gloo",
+            init: Callable[[], Any] | None = None, pg_options: Any = None) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    if init is not None:
+        init()
+    options = {} if pg_options is None else {"pg_options": pg_options}
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n, **options)
     try:
         results[rank] = fn(rank, n, *args)
     finally:
         dist.destroy_process_group()
 
 
-def run_processes(fn: Callable, n: int, *args) -> list:
-    """Run ``fn(rank, n, *args)`` in n spawned processes; returns each rank's (picklable) result."""
+def run_processes(fn: Callable, n: int, *args, backend: str = "gloo", init: Callable[[], Any] | None = None,
+                  pg_options: Any = None) -> list:
+    """Run ``fn(rank, n, *args)`` in n spawned processes; returns each rank's (picklable) result.
+
+    Parameters
+    ----------
+    backend : the default group's torch.distributed backend ("gloo", or a name ``init`` registers).
+    init : picklable callable with no arguments run in each worker before ``init_process_group``.
+    pg_options : passed to ``init_process_group`` as ``pg_options`` when not None (must pickle).
+    """
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
-        mp.start_processes(_worker, args=(n, free_port(), fn, args, results), nprocs=n, join=True,
-                           start_method="spawn")
+        mp.start_processes(_worker, args=(n, free_port(), fn, args, results, backend, init, pg_options), nprocs=n,
+                           join=True, start_method="spawn")
         return [results[r] for r in range(n)]

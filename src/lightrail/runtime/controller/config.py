@@ -1,0 +1,89 @@
+"""Controller configuration: where it listens and which OCS devices it owns, with which driver.
+
+A YAML or JSON file (``lightrail controller serve --config FILE``)::
+
+    host: 127.0.0.1
+    port: 7600          # rank protocol (JSON lines over TCP); 0 picks a free port
+    admin_port: 7601    # HTTP admin API; 0 picks a free port
+    devices:
+      - {name: rail0, driver: emulated, ports: 64, delay: 10ms}
+      - {name: rail1, driver: emulated, ports: 64, delay: 10ms, duplex: false}
+
+The driver is chosen per device by name, so a real switch's driver is one more entry in
+``lightrail.runtime.ocs.DRIVERS`` and no change here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lightrail.errors import ScenarioError
+from lightrail.units import parse_time
+from lightrail.validation import first_error
+
+__all__ = ["DeviceConfig", "ControllerConfig", "load_config", "default_config"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceConfig(_Strict):
+    name: str = Field(min_length=1)
+    driver: str = "emulated"
+    ports: int = Field(64, ge=1)
+    # MEMS OCS (e.g. Polatis) reconfigure in ~10-25 ms (DESIGN.md "Defaults")
+    delay: float = 0.010
+    duplex: bool = False
+
+    @field_validator("delay", mode="before")
+    @classmethod
+    def _delay(cls, v):
+        return parse_time(v, field="delay")
+
+
+class ControllerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(7600, ge=0, le=65535)
+    admin_port: int = Field(7601, ge=0, le=65535)
+    devices: list[DeviceConfig] = Field(min_length=1)
+
+    @field_validator("devices")
+    @classmethod
+    def _unique(cls, v):
+        names = [d.name for d in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"device name {dup[0]!r} appears twice")
+        return v
+
+
+def default_config(*, rails: int = 8, ports: int = 64, delay: float = 0.010, port: int = 7600,
+                   admin_port: int = 7601) -> ControllerConfig:
+    """One emulated OCS per rail (``rail0``..), the shape of a rail-optimized cluster."""
+    return ControllerConfig(port=port, admin_port=admin_port,
+                            devices=[DeviceConfig(name=f"rail{i}", ports=ports, delay=delay) for i in range(rails)])
+
+
+def load_config(path: str | Path | None = None, data: dict | None = None) -> ControllerConfig:
+    """Read and validate a controller config (file or mapping); errors name the field."""
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ScenarioError(f"no file {str(path)!r}", field="--config", fix="give a .yaml or .json file")
+        try:
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            raise ScenarioError(f"cannot read {path.name}: {str(e).splitlines()[0]}", field="--config") from None
+    if not isinstance(data, dict):
+        raise ScenarioError("the controller config must be a mapping", field="--config",
+                            fix="see docs/controller.md for an example")
+    try:
+        return ControllerConfig.model_validate(data)
+    except ValidationError as e:
+        raise first_error(e, source="config", hint="see docs/controller.md") from None

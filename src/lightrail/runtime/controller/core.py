@@ -1,0 +1,357 @@
+"""The controller's state machine: jobs own ports, communicators (groups) ask for circuits, and a
+group's circuits are lit only when every member is ready and no port that changes carries traffic.
+
+A *group* is one communicator of one job (a DP ring, a PP pair, ...) with the circuits it needs
+on each device. Its members ``acquire`` it before their first operation of a phase and
+``release`` it after the last (``prepare`` is a non-blocking acquire: provisioned mode announces
+the next phase early so the reconfiguration overlaps compute). A rank holds at most one group at
+a time; acquiring another leaves the previous one.
+
+Rules, checked on every grant:
+- barrier: a group is lit only once all its members have asked for it. Every member is then
+  waiting for it (one op at a time), so none holds other circuits a peer needs: no deadlock
+  beyond the program's own;
+- no reconfiguration under traffic: a port that a reconfiguration changes must not belong to a
+  group that is granted (has holders) or being applied. ``unsafe_reconfigurations`` counts
+  violations (always 0; the tests check it);
+- skip if present: a group whose circuits are already lit is granted without touching the switch;
+- a job only touches ports it owns (claimed by its ranks' ``hello``).
+
+The controller is driven by its server (``server.py``) but does no I/O besides its Store and
+the drivers; the clock and sleep are injected so tests can run it in virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from lightrail.errors import InfeasibleError, ScenarioError
+from lightrail.runtime.controller.config import ControllerConfig
+from lightrail.runtime.controller.protocol import Acquire, Bye, Group, Hello, Release
+from lightrail.runtime.controller.store import Store
+from lightrail.runtime.ocs import make_driver
+
+__all__ = ["Controller", "GroupState"]
+
+
+@dataclass(eq=False)
+class GroupState:
+    job: str
+    key: str
+    phase: str
+    members: frozenset[int]
+    circuits: dict[str, dict[int, int]]
+    intents: set[int] = field(default_factory=set)  # members that asked (acquire or prepare)
+    holders: set[int] = field(default_factory=set)  # members it is granted to
+    waiters: dict[int, tuple[asyncio.Future, float]] = field(default_factory=dict)  # blocked acquires
+    status: str = "idle"  # idle -> applying -> granted -> idle once nobody holds it
+    ready_since: float = 0.0
+
+    def ports(self) -> dict[str, set[int]]:
+        """Ports (NIC index on each device, both directions) its circuits use."""
+        return {d: set(c) | set(c.values()) for d, c in self.circuits.items()}
+
+
+class Controller:
+    """Authoritative circuit state of every OCS and port ownership of every job (see module doc)."""
+
+    def __init__(self, config: ControllerConfig, store: Store, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable] = asyncio.sleep, log: Callable[..., None] = lambda *a, **k: None):
+        self.config = config
+        self.store = store
+        self.clock, self.sleep, self.log = clock, sleep, log
+        self.devices = {d.name: make_driver(d.driver, name=d.name, ports=d.ports, delay_s=d.delay, duplex=d.duplex)
+                        for d in config.devices}
+        for device, state in store.circuits().items():
+            if device in self.devices:
+                self.devices[device].restore(state)
+        self.jobs = store.jobs()
+        self.owner = {(d, p): job for job, info in self.jobs.items()
+                      for ports in info["ranks"].values() for d, p in ports.items()}
+        self.groups: dict[tuple[str, str], GroupState] = {}
+        self.intent: dict[tuple[str, int], str] = {}
+        self.latencies: deque[float] = deque(maxlen=100_000)  # acquire -> grant, seconds
+        self.counters: dict[str, float] = {"requests": 0, "errors": 0, "grants": 0, "grants_without_change": 0,
+                                           "unsafe_reconfigurations": 0}
+        self.applies: deque[dict] = deque(maxlen=1000)  # recent reconfigurations, for the admin API and tests
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def hello(self, m: Hello) -> dict:
+        job = self.jobs.get(m.job)
+        if job is not None and job["world"] != m.world:
+            raise ScenarioError(f"job {m.job!r} has world {job['world']}, not {m.world}", field="world",
+                                fix="every rank of a job must give the same world size")
+        if m.rank >= m.world:
+            raise ScenarioError(f"rank {m.rank} is outside world {m.world}", field="rank", fix=f"use 0..{m.world - 1}")
+        for device, port in m.ports.items():
+            self._check_port(device, port, field=f"ports.{device}")
+            owner = self.owner.get((device, port))
+            mine = job is not None and job["ranks"].get(m.rank, {}).get(device) == port
+            if owner is not None and not mine:
+                raise InfeasibleError(f"port {port} on {device} is already owned by job {owner!r}",
+                                      field=f"ports.{device}", fix="each NIC port belongs to one rank of one job")
+        self.store.add_rank(m.job, m.world, m.rank, m.ports)
+        job = self.jobs.setdefault(m.job, {"world": m.world, "ranks": {}})
+        for device, port in job["ranks"].get(m.rank, {}).items():
+            self.owner.pop((device, port), None)
+        job["ranks"][m.rank] = dict(m.ports)
+        self.owner.update({(d, p): m.job for d, p in m.ports.items()})
+        self.log("hello", job=m.job, rank=m.rank, ports=m.ports)
+        return {"registered": len(job["ranks"]), "world": m.world}
+
+    def declare(self, m: Group) -> dict:
+        job = self._job(m.job)
+        outside = [r for r in m.members if r >= job["world"]]
+        if outside:
+            raise ScenarioError(f"member {outside[0]} is outside world {job['world']}", field="members")
+        for device, circuits in m.circuits.items():
+            driver = self._device(device, field=f"circuits.{device}")
+            outputs = list(circuits.values())
+            if len(set(outputs)) != len(outputs):
+                o = next(o for o in outputs if outputs.count(o) > 1)
+                raise InfeasibleError(f"two inputs on output {o} of {device}", field=f"circuits.{device}",
+                                      fix="a configuration is a partial permutation: one input per output")
+            for i, o in circuits.items():
+                for port in (i, o):
+                    self._check_port(device, port, field=f"circuits.{device}")
+                    if self.owner.get((device, port)) != m.job:
+                        raise InfeasibleError(f"port {port} on {device} is not owned by job {m.job!r}",
+                                              field=f"circuits.{device}",
+                                              fix="a job only touches ports its ranks claimed with hello")
+                if driver.duplex and circuits.get(o) != i:
+                    raise InfeasibleError(f"{device} is duplex: circuit {i}->{o} needs {o}->{i}",
+                                          field=f"circuits.{device}", fix="declare both directions")
+        key = (m.job, m.key)
+        new = GroupState(m.job, m.key, m.phase, frozenset(m.members), {d: dict(c) for d, c in m.circuits.items() if c})
+        old = self.groups.get(key)
+        if old is not None:
+            if (old.members, old.circuits) != (new.members, new.circuits):
+                raise ScenarioError(f"group {m.key!r} is already declared with other members or circuits",
+                                    field="key", fix="use a new key for a different communicator")
+            return {"key": m.key}
+        self.groups[key] = new
+        return {"key": m.key}
+
+    def acquire(self, m: Acquire) -> asyncio.Future | None:
+        """Ask for a group; returns a future resolved on grant (None for prepare or if already granted)."""
+        g = self._group(m.job, m.key, m.rank)
+        previous = self.intent.get((m.job, m.rank))
+        if previous is not None and previous != m.key:
+            self._leave(m.job, m.rank, previous)
+        self.intent[(m.job, m.rank)] = m.key
+        g.intents.add(m.rank)
+        if g.status == "granted":
+            g.holders.add(m.rank)
+            if m.op == "acquire":
+                self.latencies.append(0.0)
+            return None
+        if len(g.intents) == len(g.members) and not g.ready_since:
+            g.ready_since = self.clock()
+        fut = None
+        if m.op == "acquire":
+            fut = asyncio.get_running_loop().create_future()
+            g.waiters[m.rank] = (fut, self.clock())
+        self._schedule()
+        return fut
+
+    def release(self, m: Release) -> dict:
+        self._group(m.job, m.key, m.rank)
+        if self.intent.get((m.job, m.rank)) == m.key:
+            self._leave(m.job, m.rank, m.key)
+            self._schedule()
+        return {}
+
+    def bye(self, m: Bye) -> dict:
+        job = self._job(m.job)
+        if m.rank is not None:
+            if m.rank not in job["ranks"]:
+                raise ScenarioError(f"rank {m.rank} of job {m.job!r} is not registered", field="rank")
+            self.disconnect(m.job, m.rank)
+            self.store.remove_rank(m.job, m.rank)
+            for device, port in job["ranks"].pop(m.rank).items():
+                self.owner.pop((device, port), None)
+            if job["ranks"]:
+                return {"remaining": len(job["ranks"])}
+        for key in [k for k in self.groups if k[0] == m.job]:
+            for fut, _ in self.groups[key].waiters.values():
+                fut.cancel()
+            del self.groups[key]
+        for k in [k for k in self.intent if k[0] == m.job]:
+            del self.intent[k]
+        self.store.remove_job(m.job)
+        del self.jobs[m.job]
+        self.owner = {k: j for k, j in self.owner.items() if j != m.job}
+        self._schedule()
+        return {"remaining": 0}
+
+    def disconnect(self, job: str, rank: int) -> None:
+        """A rank's connection closed: it no longer holds or waits for anything."""
+        key = self.intent.get((job, rank))
+        if key is not None:
+            self._leave(job, rank, key)
+            self._schedule()
+
+    def configure(self, device: str, changes: dict[int, int | None], *, job: str | None = None) -> dict:
+        """Admin change of one device's circuits (validated; nothing changes on error)."""
+        driver = self._device(device, field="device")
+        touched = set(changes) | {o for o in changes.values() if o is not None}
+        for port in touched:
+            self._check_port(device, port, field=f"changes.{port}")
+            owner = self.owner.get((device, port))
+            if owner is not None and owner != job:
+                raise InfeasibleError(f"port {port} on {device} is owned by job {owner!r}", field=f"changes.{port}",
+                                      fix="only the owning job's ports can be changed (give job=...)")
+        busy = self._busy().get(device, set())
+        hot = sorted(driver.changed_ports(changes) & busy)
+        if hot:
+            raise InfeasibleError(f"port {hot[0]} on {device} carries traffic", field=f"changes.{hot[0]}",
+                                  fix="wait until its group is released")
+        now = self.clock()
+        done = driver.apply(changes, now)
+        self.store.set_circuits(device, driver.state())
+        return {"device": device, "completes_in_s": done - now, "circuits": driver.state()}
+
+    # -- scheduling -------------------------------------------------------------------------------------
+    def _busy(self, exclude: GroupState | None = None) -> dict[str, set[int]]:
+        busy: dict[str, set[int]] = {}
+        for g in self.groups.values():
+            if g is not exclude and (g.status == "applying" or (g.status == "granted" and g.holders)):
+                for d, ports in g.ports().items():
+                    busy.setdefault(d, set()).update(ports)
+        return busy
+
+    def _changes(self, g: GroupState) -> dict[str, dict[int, int | None]]:
+        """Per device, the change set that lights ``g``'s circuits (darkening inputs on its outputs)."""
+        out = {}
+        for device, circuits in g.circuits.items():
+            driver = self.devices[device]
+            state = driver.state()
+            by_output = {o: i for i, o in state.items()}
+            changes: dict[int, int | None] = {}
+            for i, o in circuits.items():
+                other = by_output.get(o)
+                if other is not None and other != i and other not in circuits:
+                    changes[other] = None
+                    if driver.duplex and state.get(o) == other and o not in circuits:
+                        changes[o] = None
+                if state.get(i) != o:
+                    changes[i] = o
+            if driver.duplex:  # darkening one direction of a duplex pair darkens both
+                for i in [i for i, o in changes.items() if o is None]:
+                    peer = state.get(i)
+                    if peer is not None and peer not in circuits:
+                        changes[peer] = None
+            if changes:
+                out[device] = changes
+        return out
+
+    def _schedule(self) -> None:
+        ready = sorted((g for g in self.groups.values() if g.status == "idle" and g.intents
+                        and len(g.intents) == len(g.members)), key=lambda g: g.ready_since)
+        for g in ready:
+            changes = self._changes(g)
+            if not changes:
+                self.counters["grants_without_change"] += 1
+                self._grant(g)
+                continue
+            busy = self._busy(exclude=g)
+            if any(self.devices[d].changed_ports(c) & busy.get(d, set()) for d, c in changes.items()):
+                continue  # a port it changes still carries another group's traffic: wait for its release
+            g.status = "applying"
+            task = asyncio.get_running_loop().create_task(self._apply(g, changes, busy))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _apply(self, g: GroupState, changes: dict[str, dict[int, int | None]], busy: dict[str, set[int]]):
+        now = self.clock()
+        done = now
+        for device, c in changes.items():
+            driver = self.devices[device]
+            changed = driver.changed_ports(c)
+            if changed & busy.get(device, set()):  # never happens: _schedule checked it
+                self.counters["unsafe_reconfigurations"] += 1
+            done = max(done, driver.apply(c, now))
+            self.store.set_circuits(device, driver.state())
+            self.store.add(f"reconfigurations:{device}")
+            self.store.add(f"circuit_changes:{device}", len(c))
+            self.applies.append({"device": device, "group": g.key, "job": g.job, "phase": g.phase, "at": now,
+                                 "changed_ports": sorted(changed), "busy_ports": sorted(busy.get(device, set()))})
+        self.store.add("reconfiguration_seconds", done - now)
+        self.log("reconfigure", job=g.job, group=g.key, phase=g.phase, devices=sorted(changes), delay_s=done - now)
+        if done > now:
+            await self.sleep(done - now)
+        self._grant(g)
+        self._schedule()
+
+    def _grant(self, g: GroupState) -> None:
+        g.status = "granted"
+        g.holders = set(g.intents)
+        g.ready_since = 0.0
+        now = self.clock()
+        for fut, asked in g.waiters.values():
+            if not fut.done():
+                fut.set_result(None)
+                self.latencies.append(now - asked)
+        g.waiters.clear()
+        self.counters["grants"] += 1
+        if not g.holders:
+            g.status = "idle"
+
+    def _leave(self, job: str, rank: int, key: str) -> None:
+        self.intent.pop((job, rank), None)
+        g = self.groups.get((job, key))
+        if g is None:
+            return
+        g.intents.discard(rank)
+        g.holders.discard(rank)
+        waiter = g.waiters.pop(rank, None)
+        if waiter is not None and not waiter[0].done():
+            waiter[0].cancel()
+        if len(g.intents) < len(g.members):
+            g.ready_since = 0.0
+        if g.status == "granted" and not g.holders:
+            g.status = "idle"
+
+    # -- lookups and views ------------------------------------------------------------------------------
+    def _device(self, device: str, *, field: str):
+        if device not in self.devices:
+            raise ScenarioError(f"unknown device {device!r}", field=field,
+                                fix=f"devices: {', '.join(sorted(self.devices))}")
+        return self.devices[device]
+
+    def _check_port(self, device: str, port: int, *, field: str) -> None:
+        ports = self._device(device, field=field).ports
+        if not isinstance(port, int) or not 0 <= port < ports:
+            raise ScenarioError(f"port {port!r} is not a port of {device}", field=field, fix=f"use 0..{ports - 1}")
+
+    def _job(self, job: str) -> dict:
+        if job not in self.jobs:
+            raise ScenarioError(f"unknown job {job!r}", field="job", fix="send hello first")
+        return self.jobs[job]
+
+    def _group(self, job: str, key: str, rank: int) -> GroupState:
+        g = self.groups.get((job, key))
+        if g is None:
+            raise ScenarioError(f"unknown group {key!r} of job {job!r}", field="key", fix="declare it with op=group")
+        if rank not in g.members:
+            raise ScenarioError(f"rank {rank} is not a member of group {key!r}", field="rank")
+        return g
+
+    def state(self) -> dict:
+        return {"devices": {name: {"driver": type(d).__name__, "ports": d.ports, "duplex": d.duplex,
+                                   "delay_s": d.delay_s, "circuits": {str(i): o for i, o in sorted(d.state().items())}}
+                            for name, d in self.devices.items()},
+                "owners": {name: {str(p): j for (d, p), j in sorted(self.owner.items()) if d == name}
+                           for name in self.devices}}
+
+    def jobs_view(self) -> dict:
+        return {job: {"world": info["world"], "registered": sorted(info["ranks"]),
+                      "groups": {g.key: {"phase": g.phase, "status": g.status, "members": sorted(g.members),
+                                         "holders": sorted(g.holders), "waiting": sorted(g.waiters)}
+                                 for g in self.groups.values() if g.job == job}}
+                for job, info in self.jobs.items()}

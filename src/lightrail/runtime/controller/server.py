@@ -1,0 +1,228 @@
+"""The controller process: the rank protocol (JSON lines over TCP) and the HTTP admin API in one
+asyncio loop, structured (JSON) logs on stderr, one ``ready`` line on stdout once both listen.
+
+Admin API (FastAPI): ``GET /healthz``, ``GET /state`` (circuits and port owners per device),
+``GET /jobs`` (jobs, their groups and who holds them), ``GET /reconfigurations`` (recent ones, with
+the ports they changed and the ports that were busy), ``GET /metrics`` (Prometheus text format),
+``POST /devices/{device}/circuits`` (an operator's change, validated; nothing changes on error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+
+from lightrail.errors import LightrailError
+from lightrail.runtime.controller.config import ControllerConfig
+from lightrail.runtime.controller.core import Controller
+from lightrail.runtime.controller.protocol import (
+    Acquire,
+    Bye,
+    Group,
+    Hello,
+    Release,
+    encode,
+    error_reply,
+    parse_request,
+)
+from lightrail.runtime.controller.store import Store
+
+__all__ = ["serve", "admin_app", "metrics_text"]
+
+log = logging.getLogger("lightrail.controller")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        return json.dumps(entry, default=str)
+
+
+def _log(what: str, /, **fields) -> None:
+    log.info(what, extra={"fields": fields})
+
+
+async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One connection (normally one rank): requests in order; acquires may complete out of order."""
+    ranks: set[tuple[str, int]] = set()
+    lock = asyncio.Lock()
+    pending: set[asyncio.Task] = set()
+
+    async def send(reply: dict) -> None:
+        async with lock:
+            writer.write(encode(reply))
+            await writer.drain()
+
+    async def finish_acquire(request_id: int, fut: asyncio.Future) -> None:
+        try:
+            await fut
+            await send({"id": request_id, "ok": True, "granted": True})
+        except asyncio.CancelledError:
+            await send({"id": request_id, "ok": False, "error": {"type": "Cancelled", "message": "request dropped",
+                                                                 "field": "key", "fix": "acquire again"}})
+
+    try:
+        while line := await reader.readline():
+            controller.counters["requests"] += 1
+            request_id = 0
+            try:
+                m = parse_request(line)
+                request_id = m.id
+                if isinstance(m, Hello):
+                    reply = controller.hello(m)
+                    ranks.add((m.job, m.rank))
+                elif isinstance(m, Group):
+                    reply = controller.declare(m)
+                elif isinstance(m, Acquire):
+                    fut = controller.acquire(m)
+                    if fut is not None:
+                        task = asyncio.create_task(finish_acquire(m.id, fut))
+                        pending.add(task)
+                        task.add_done_callback(pending.discard)
+                        continue
+                    reply = {"granted": m.op == "acquire"}
+                elif isinstance(m, Release):
+                    reply = controller.release(m)
+                elif isinstance(m, Bye):
+                    reply = controller.bye(m)
+                await send({"id": request_id, "ok": True, **reply})
+            except LightrailError as e:
+                controller.counters["errors"] += 1
+                _log("bad_request", error=str(e))
+                await send(error_reply(request_id, e))
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        for job, rank in ranks:
+            controller.disconnect(job, rank)
+        writer.close()
+
+
+def metrics_text(controller: Controller) -> str:
+    """Prometheus text exposition of the controller's counters, gauges and latency summary."""
+    lines = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        lines.extend([f"# HELP lightrail_{name} {help_}", f"# TYPE lightrail_{name} {kind}"])
+        lines.extend(f"lightrail_{name}{labels} {value:.9g}" for labels, value in samples)
+
+    c, durable = controller.counters, controller.store.counters()
+    metric("requests_total", "counter", "Protocol requests received.", [("", c["requests"])])
+    metric("request_errors_total", "counter", "Requests refused with an error.", [("", c["errors"])])
+    metric("grants_total", "counter", "Groups granted.", [("", c["grants"])])
+    metric("grants_without_change_total", "counter", "Groups granted with their circuits already lit.",
+           [("", c["grants_without_change"])])
+    metric("unsafe_reconfigurations_total", "counter", "Reconfigurations that changed a port with traffic.",
+           [("", c["unsafe_reconfigurations"])])
+    metric("reconfigurations_total", "counter", "Reconfigurations per device (persisted).",
+           [(f'{{device="{d}"}}', durable.get(f"reconfigurations:{d}", 0.0)) for d in controller.devices])
+    metric("circuit_changes_total", "counter", "Inputs whose circuit changed, per device (persisted).",
+           [(f'{{device="{d}"}}', durable.get(f"circuit_changes:{d}", 0.0)) for d in controller.devices])
+    metric("reconfiguration_seconds_total", "counter", "Time spent reconfiguring (persisted).",
+           [("", durable.get("reconfiguration_seconds", 0.0))])
+    metric("circuits_lit", "gauge", "Lit circuits per device.",
+           [(f'{{device="{d}"}}', len(drv.state())) for d, drv in controller.devices.items()])
+    metric("jobs", "gauge", "Registered jobs.", [("", len(controller.jobs))])
+    lat = sorted(controller.latencies)
+    quantiles = [(f'{{quantile="{q}"}}', lat[min(len(lat) - 1, int(q * len(lat)))]) for q in (0.5, 0.9, 0.99)] \
+        if lat else []
+    metric("acquire_latency_seconds", "summary", "Acquire to grant, including the wait for the group's members.",
+           quantiles)
+    lines.append(f"lightrail_acquire_latency_seconds_count {len(lat)}")
+    lines.append(f"lightrail_acquire_latency_seconds_sum {sum(lat):.9g}")
+    return "\n".join(lines) + "\n"
+
+
+def admin_app(controller: Controller):
+    """The HTTP admin API over ``controller`` (FastAPI app)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from pydantic import BaseModel, ConfigDict
+
+    class Changes(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        changes: dict[int, int | None]
+        job: str | None = None
+
+    app = FastAPI(title="lightrail controller", version="1")
+
+    @app.exception_handler(LightrailError)
+    async def _refused(_, e: LightrailError):
+        controller.counters["errors"] += 1
+        return JSONResponse(error_reply(0, e)["error"], status_code=400)
+
+    @app.get("/healthz")
+    def healthz():
+        return {"ok": True}
+
+    @app.get("/state")
+    def state():
+        return controller.state()
+
+    @app.get("/jobs")
+    def jobs():
+        return controller.jobs_view()
+
+    @app.get("/reconfigurations")
+    def reconfigurations():
+        return list(controller.applies)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics():
+        return metrics_text(controller)
+
+    @app.post("/devices/{device}/circuits")
+    def circuits(device: str, body: Changes):
+        return controller.configure(device, body.changes, job=body.job)
+
+    return app
+
+
+async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
+    import uvicorn
+
+    start = time.perf_counter()
+    store = Store(state_path)
+    controller = Controller(config, store, log=_log)
+    server = await asyncio.start_server(lambda r, w: _handle(controller, r, w), config.host, config.port)
+    port = server.sockets[0].getsockname()[1]
+    web = uvicorn.Server(uvicorn.Config(admin_app(controller), host=config.host, port=config.admin_port,
+                                        log_level="warning", lifespan="off"))
+    web_task = asyncio.create_task(web.serve())
+    while not web.started:
+        if web_task.done():
+            await web_task  # raises the bind error
+            raise OSError(f"admin API did not start on port {config.admin_port}")
+        await asyncio.sleep(0.01)
+    admin_port = web.servers[0].sockets[0].getsockname()[1]
+    info = {"host": config.host, "port": port, "admin_port": admin_port, "state": state_path,
+            "devices": len(controller.devices), "startup_s": round(time.perf_counter() - start, 4)}
+    _log("ready", **info)
+    ready(info)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    _log("stopping")
+    web.should_exit = True
+    server.close()
+    await web_task
+    store.close()
+
+
+def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
+    """Run the controller until SIGTERM/SIGINT; ``ready(info)`` is called once it listens (default:
+    print the info as one JSON line on stdout)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    ready = ready or (lambda info: print(json.dumps({"event": "ready", **info}), flush=True))
+    asyncio.run(_serve(config, state_path, ready))
