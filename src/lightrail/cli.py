@@ -843,6 +843,63 @@ def _root(version: Annotated[bool, typer.Option("--version", help="Print the ver
         raise typer.Exit()
 
 
+@app.command("train-demo")
+@friendly
+def train_demo_cmd(
+    ranks: Annotated[int | None, typer.Option("--ranks", "-n", help="Processes (= tp * pp * dp).")] = 8,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor parallel degree (inside a server).")] = 2,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 2,
+    dp: Annotated[int, typer.Option("--dp", help="Data parallel degree.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Training steps per run.")] = 20,
+    ocs_delay: Annotated[str, typer.Option("--ocs-delay", help="Emulated OCS reconfiguration delay.")] = "10ms",
+    mode: Annotated[str, typer.Option("--mode", help="on_demand or provisioned.")] = "provisioned",
+    gpus_per_server: Annotated[int | None, typer.Option("--gpus-per-server",
+                                                        help="Ranks per server = rails (default: --tp).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for train-demo.json and iterations.png.")]
+    = Path("out/train-demo"),
+    as_json: JsonOut = False,
+):
+    """Train a small GPT (TP x PP x DP, CPU processes) on plain gloo and on emulated photonic rails
+    (the lightrail backend + a controller process); compare, and set beside `simulate`'s prediction."""
+    from lightrail.report.files import write_json
+    from lightrail.report.plots import plot_train_demo
+    from lightrail.runtime.photonic_demo import run_photonic_demo
+    from lightrail.runtime.train_demo import DemoConfig
+
+    config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=steps, ranks=ranks)
+    delay = parse_time(ocs_delay, field="--ocs-delay")
+    progress, task = _progress(3, "train-demo", as_json)
+    with progress:
+        result = run_photonic_demo(config, ocs_delay_s=delay, mode=mode, gpus_per_server=gpus_per_server,
+                                   progress=lambda what: progress.update(task, advance=1, description=what))
+    write_json(out_dir / "train-demo.json", result)
+    plot_train_demo(result, out_dir / "iterations.png",
+                    title=f"{config.world} ranks TP{tp} PP{pp} DP{dp}, OCS {ocs_delay}, {mode}")
+    if as_json:
+        _print_json(result)
+    else:
+        p = result["predicted"]
+        table = Table(title=f"train-demo: {config.world} CPU ranks (TP{tp} PP{pp} DP{dp}), {result['rails']} rails, "
+                            f"OCS {ocs_delay}, {mode}")
+        for col in ("", "gloo", "lightrail backend", "simulate (same job)"):
+            table.add_column(col, justify="right" if col else "left")
+        table.add_row("iteration (median)", format_time(result["gloo_iteration_s"]),
+                      format_time(result["lightrail_iteration_s"]), format_time(p["iteration_s"]))
+        table.add_row("overhead per iteration", "", f"{format_time(result['overhead_s'])} "
+                      f"({result['overhead'] * 100:+.1f}%)", format_time(p["overhead_s"]))
+        table.add_row("reconfigurations / rail / iteration", "",
+                      f"{result['reconfigurations_per_rail_per_iteration']:.1f}",
+                      f"{p['reconfigurations_per_rail_per_iteration']:.1f}")
+        out.print(table)
+        lat = result["request_latency_p99_s"]
+        out.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
+                  f"{'yes' if result['losses_identical'] else 'NO'}; unsafe reconfigurations: "
+                  f"{int(result['unsafe_reconfigurations'])}")
+        out.print(f"wrote {out_dir / 'train-demo.json'}, {out_dir / 'iterations.png'}")
+    if not result["losses_identical"]:
+        raise typer.Exit(1)
+
+
 controller_app = typer.Typer(no_args_is_help=True, help="The control plane: OCS controller service.")
 app.add_typer(controller_app, name="controller")
 

@@ -14,7 +14,7 @@ from lightrail.report.files import write_atomic  # noqa: E402
 from lightrail.units import format_size  # noqa: E402
 
 __all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps", "plot_straggler_run",
-           "plot_straggler_speedups"]
+           "plot_straggler_speedups", "plot_train_demo"]
 
 
 def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
@@ -270,3 +270,21 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     write_atomic(Path(path_vs_delay), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return Path(path_vs_ranks), Path(path_vs_delay)
+
+
+def plot_train_demo(result: dict, path: Path, *, title: str) -> Path:
+    """Per-iteration time of the demo job on plain gloo and on emulated photonic rails."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("gloo_iteration_series_s", "gloo"), ("lightrail_iteration_series_s", "lightrail backend")):
+        series = result[key]
+        ax.plot(range(len(series)), [t * 1e3 for t in series], marker="o", ms=3, label=label)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("iteration time, slowest rank (ms)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path)

@@ -19,12 +19,14 @@ destination GPU (PXN), from the sender's server port to the receiver's on that r
 (``rail{i}``) — the same rule as the Opus planner (``control/opus.py``). Groups within one server
 (TP) need no circuit and never reach the controller.
 
-Modes: ``on_demand`` acquires the group before each op and releases it right after (holding nothing
-during compute); ``provisioned`` learns each rank's sequence of groups in the first iteration and,
-after the last op of a run, releases it and announces (``prepare``) the next group at once, so the
-controller reconfigures while the rank computes. Ops complete before they return (the backend waits
-for the wrapped work) so that "after the last op" is known; exchange patterns that need a send and a
-receive in flight at once (``batch_isend_irecv`` both ways) are not supported through it.
+Every op acquires its group before it starts (the controller lights the circuits once all members
+asked and no changing port carries traffic) and releases it when it completes, so a rank holds
+circuits only inside an op. Modes: ``on_demand`` does only that (a reconfiguration starts when the
+phase's first op arrives); ``provisioned`` learns each rank's sequence of groups in the first
+iteration and sends, with each release, a ``prepare`` of the group expected next, so the controller
+reconfigures while the rank computes. Ops complete before they return (the backend waits for the
+wrapped work) so that their end is known; exchange patterns that need a send and a receive in
+flight at once (``batch_isend_irecv`` both ways) are not supported through it.
 """
 
 from __future__ import annotations
@@ -86,12 +88,14 @@ def circuits_of(layout: Layout, transfers) -> dict[str, dict[int, int]]:
 
 @dataclass
 class _Agent:
-    """One per process: the controller connection, what this rank holds, what it learned to expect.
+    """One per process: the controller connection and the sequence of groups it learned to expect.
 
-    Ops on groups with circuits form *runs* (consecutive ops on one group). ``after`` maps
-    (group, length of the run so far) to the group that followed last time; a provisioned rank that
-    reaches such a point releases its group and prepares the next one. A contradicted prediction
-    is dropped, so a rank whose pattern changes falls back to on-demand behaviour there.
+    Every op on a group with circuits acquires it (blocking until the circuits are lit and every
+    member is there) and releases it right after, so a rank never holds circuits while it computes
+    or waits for a peer elsewhere. Provisioned mode adds a prediction: ``after`` maps (group, ops
+    in its current run) to the group that came next last time; the release carries a ``prepare`` of
+    that group, so the controller can light it while the rank computes. A prediction seen to be
+    wrong is dropped.
     """
 
     client: ControllerClient | None
@@ -99,12 +103,12 @@ class _Agent:
     mode: str
     rank: int
     declared: set[str] = field(default_factory=set)
-    held: str | None = None  # the group the controller has granted (or is preparing) for this rank
     run_key: str | None = None
     run: int = 0
     after: dict[tuple[str, int], str | None] = field(default_factory=dict)
     requests: int = 0
     wait_s: float = 0.0
+    request_s: list[float] = field(default_factory=list)  # round trips of non-blocking requests (release)
 
     def before(self, key: str, members, circuits) -> None:
         if self.client is None or not circuits:
@@ -112,21 +116,14 @@ class _Agent:
         if key not in self.declared:
             self.client.declare(key, members, circuits, phase=key.split(":")[0])
             self.declared.add(key)
-        if key == self.run_key:
-            self._observe((key, self.run), key)
-            self.run += 1
-        else:
-            if self.run_key is not None:
-                self._observe((self.run_key, self.run), key)
-            self.run_key, self.run = key, 1
-        if self.held != key:
-            if self.held is not None:
-                self.client.release(self.held)
-            start = time.perf_counter()
-            self.client.acquire(key)
-            self.wait_s += time.perf_counter() - start
-            self.requests += 1
-            self.held = key
+        if self.run_key is not None:
+            self._observe((self.run_key, self.run), key)
+        self.run = self.run + 1 if key == self.run_key else 1
+        self.run_key = key
+        start = time.perf_counter()
+        self.client.acquire(key)
+        self.wait_s += time.perf_counter() - start
+        self.requests += 1
 
     def _observe(self, point: tuple[str, int], nxt: str) -> None:
         seen = self.after.get(point, nxt)
@@ -136,17 +133,12 @@ class _Agent:
         if self.client is None or not circuits:
             return
         nxt = self.after.get((key, self.run)) if self.mode == "provisioned" else None
-        if self.mode == "on_demand":
-            self.client.release(key)
-            self.held = None
-        elif nxt is not None and nxt != key:  # the run is over: free the ports, announce the next group
-            self.client.release(key, then_prepare=nxt)
-            self.held = None
+        start = time.perf_counter()
+        self.client.release(key, then_prepare=nxt)
+        self.request_s.append(time.perf_counter() - start)
 
     def close(self) -> None:
         if self.client is not None:
-            if self.held is not None:
-                self.client.release(self.held)
             self.client.bye()
             self.client.close()
             self.client = None
@@ -175,7 +167,9 @@ def _agent(rank: int) -> _Agent:
 def agent_stats() -> dict:
     """This process's controller requests and the time it spent blocked in them."""
     a = _AGENT
-    return {"requests": a.requests, "wait_s": a.wait_s} if a else {"requests": 0, "wait_s": 0.0}
+    if a is None:
+        return {"requests": 0, "wait_s": 0.0, "request_s": []}
+    return {"requests": a.requests, "wait_s": a.wait_s, "request_s": list(a.request_s)}
 
 
 def shutdown() -> None:

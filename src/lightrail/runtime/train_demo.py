@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightrail.errors import ScenarioError
+from lightrail.runtime import torch_backend
 from lightrail.runtime.launch import run_processes
 from lightrail.workload.parallel import Dim, Layout
 
@@ -310,8 +311,10 @@ def _train(rank: int, config: DemoConfig) -> dict:
         times.append(time.perf_counter() - start)
         if loss is not None:
             losses.append(loss)
+    controller = torch_backend.agent_stats()  # the lightrail backend's requests (none on plain gloo)
+    torch_backend.shutdown()
     return {"rank": rank, "stage": stage, "tp_rank": tp_rank, "dp_rank": dp_rank, "losses": losses,
-            "loss_bits": [_bits(x) for x in losses], "iteration_s": times}
+            "loss_bits": [_bits(x) for x in losses], "iteration_s": times, "controller": controller}
 
 
 def _pipeline_step(config: DemoConfig, model: _Stage, step: int, stage: int, dp_rank: int, pp_group):

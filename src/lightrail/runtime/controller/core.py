@@ -2,19 +2,22 @@
 group's circuits are lit only when every member is ready and no port that changes carries traffic.
 
 A *group* is one communicator of one job (a DP ring, a PP pair, ...) with the circuits it needs
-on each device. Its members ``acquire`` it before their first operation of a phase and
-``release`` it after the last (``prepare`` is a non-blocking acquire: provisioned mode announces
-the next phase early so the reconfiguration overlaps compute). A rank holds at most one group at
-a time; acquiring another leaves the previous one.
+on each device. Its members ``acquire`` it before an operation and ``release`` it after;
+``prepare`` announces a coming acquire without blocking (provisioned mode), so the circuits can be
+lit while the rank still computes. A rank has at most one outstanding group; asking for another
+leaves the previous one.
 
-Rules, checked on every grant:
-- barrier: a group is lit only once all its members have asked for it. Every member is then
-  waiting for it (one op at a time), so none holds other circuits a peer needs: no deadlock
-  beyond the program's own;
-- no reconfiguration under traffic: a port that a reconfiguration changes must not belong to a
-  group that is granted (has holders) or being applied. ``unsafe_reconfigurations`` counts
-  violations (always 0; the tests check it);
-- skip if present: a group whose circuits are already lit is granted without touching the switch;
+Rules:
+- lit: once every member asked (acquire or prepare), a group's circuits are lit if the ports its
+  change switches carry no traffic, else it waits for their release;
+- granted: once every member acquired and its circuits are lit, the members proceed; the circuits
+  are reserved (carry traffic) until the last holder releases. Ranks hold circuits only inside an
+  op, never while computing or waiting for a peer elsewhere, so waiting never forms a cycle beyond
+  the program's own;
+- no reconfiguration under traffic: a change must not switch an input or an output of a granted
+  group with holders or of a change under way; ``unsafe_reconfigurations`` counts violations
+  (always 0; the tests check it; ``GET /reconfigurations`` shows each change with the busy ports);
+- skip if present: a group whose circuits are lit is granted without touching the switch;
 - a job only touches ports it owns (claimed by its ranks' ``hello``).
 
 The controller is driven by its server (``server.py``) but does no I/O besides its Store and
@@ -33,7 +36,7 @@ from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
 from lightrail.runtime.controller.protocol import Acquire, Bye, Group, Hello, Release
 from lightrail.runtime.controller.store import Store
-from lightrail.runtime.ocs import make_driver
+from lightrail.runtime.ocs import changed_ports, make_driver
 
 __all__ = ["Controller", "GroupState"]
 
@@ -46,14 +49,15 @@ class GroupState:
     members: frozenset[int]
     circuits: dict[str, dict[int, int]]
     intents: set[int] = field(default_factory=set)  # members that asked (acquire or prepare)
-    holders: set[int] = field(default_factory=set)  # members it is granted to
+    acquirers: set[int] = field(default_factory=set)  # members that acquired (not just prepared)
+    holders: set[int] = field(default_factory=set)  # members it is granted to (their traffic may flow)
     waiters: dict[int, tuple[asyncio.Future, float]] = field(default_factory=dict)  # blocked acquires
-    status: str = "idle"  # idle -> applying -> granted -> idle once nobody holds it
+    status: str = "idle"  # idle -> (applying ->) granted -> idle once nobody holds it
     ready_since: float = 0.0
 
-    def ports(self) -> dict[str, set[int]]:
-        """Ports (NIC index on each device, both directions) its circuits use."""
-        return {d: set(c) | set(c.values()) for d, c in self.circuits.items()}
+    def ports(self) -> dict[str, tuple[set[int], set[int]]]:
+        """Per device, the inputs and the outputs its circuits use."""
+        return {d: (set(c), set(c.values())) for d, c in self.circuits.items()}
 
 
 class Controller:
@@ -138,24 +142,26 @@ class Controller:
         return {"key": m.key}
 
     def acquire(self, m: Acquire) -> asyncio.Future | None:
-        """Ask for a group; returns a future resolved on grant (None for prepare or if already granted)."""
+        """Ask for a group; returns a future resolved on grant, or None for a prepare (or a grant
+        that needs no wait: the group is already held by its other members)."""
         g = self._group(m.job, m.key, m.rank)
         previous = self.intent.get((m.job, m.rank))
         if previous is not None and previous != m.key:
             self._leave(m.job, m.rank, previous)
         self.intent[(m.job, m.rank)] = m.key
         g.intents.add(m.rank)
-        if g.status == "granted":
-            g.holders.add(m.rank)
-            if m.op == "acquire":
-                self.latencies.append(0.0)
-            return None
         if len(g.intents) == len(g.members) and not g.ready_since:
             g.ready_since = self.clock()
-        fut = None
-        if m.op == "acquire":
-            fut = asyncio.get_running_loop().create_future()
-            g.waiters[m.rank] = (fut, self.clock())
+        if m.op == "prepare":
+            self._schedule()
+            return None
+        g.acquirers.add(m.rank)
+        if g.status == "granted":  # its circuits are reserved for the members already in the op
+            g.holders.add(m.rank)
+            self.latencies.append(0.0)
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        g.waiters[m.rank] = (fut, self.clock())
         self._schedule()
         return fut
 
@@ -206,10 +212,10 @@ class Controller:
             if owner is not None and owner != job:
                 raise InfeasibleError(f"port {port} on {device} is owned by job {owner!r}", field=f"changes.{port}",
                                       fix="only the owning job's ports can be changed (give job=...)")
-        busy = self._busy().get(device, set())
-        hot = sorted(driver.changed_ports(changes) & busy)
-        if hot:
-            raise InfeasibleError(f"port {hot[0]} on {device} carries traffic", field=f"changes.{hot[0]}",
+        hot_in, hot_out = self._hot(device, changes, self._busy())
+        if hot_in or hot_out:
+            port = min(hot_in | hot_out)
+            raise InfeasibleError(f"port {port} on {device} carries traffic", field=f"changes.{port}",
                                   fix="wait until its group is released")
         now = self.clock()
         done = driver.apply(changes, now)
@@ -217,13 +223,24 @@ class Controller:
         return {"device": device, "completes_in_s": done - now, "circuits": driver.state()}
 
     # -- scheduling -------------------------------------------------------------------------------------
-    def _busy(self, exclude: GroupState | None = None) -> dict[str, set[int]]:
-        busy: dict[str, set[int]] = {}
+    def _busy(self, exclude: GroupState | None = None) -> dict[str, tuple[set[int], set[int]]]:
+        """Per device, inputs and outputs that carry traffic: those of granted groups with holders and
+        of groups whose reconfiguration is under way."""
+        busy: dict[str, tuple[set[int], set[int]]] = {}
         for g in self.groups.values():
             if g is not exclude and (g.status == "applying" or (g.status == "granted" and g.holders)):
-                for d, ports in g.ports().items():
-                    busy.setdefault(d, set()).update(ports)
+                for d, (ins, outs) in g.ports().items():
+                    b = busy.setdefault(d, (set(), set()))
+                    b[0].update(ins)
+                    b[1].update(outs)
         return busy
+
+    def _hot(self, device: str, changes: dict[int, int | None], busy) -> tuple[set[int], set[int]]:
+        """Inputs and outputs that ``changes`` would switch while they carry traffic."""
+        driver = self.devices[device]
+        ins, outs = changed_ports(driver.state(), driver.validate(changes))
+        b_in, b_out = busy.get(device, (set(), set()))
+        return ins & b_in, outs & b_out
 
     def _changes(self, g: GroupState) -> dict[str, dict[int, int | None]]:
         """Per device, the change set that lights ``g``'s circuits (darkening inputs on its outputs)."""
@@ -237,8 +254,6 @@ class Controller:
                 other = by_output.get(o)
                 if other is not None and other != i and other not in circuits:
                     changes[other] = None
-                    if driver.duplex and state.get(o) == other and o not in circuits:
-                        changes[o] = None
                 if state.get(i) != o:
                     changes[i] = o
             if driver.duplex:  # darkening one direction of a duplex pair darkens both
@@ -251,46 +266,52 @@ class Controller:
         return out
 
     def _schedule(self) -> None:
+        """Light every group whose members all asked and whose changes touch no busy port; grant
+        the ones whose members all acquired and whose circuits are lit."""
         ready = sorted((g for g in self.groups.values() if g.status == "idle" and g.intents
                         and len(g.intents) == len(g.members)), key=lambda g: g.ready_since)
         for g in ready:
             changes = self._changes(g)
             if not changes:
-                self.counters["grants_without_change"] += 1
-                self._grant(g)
-                continue
+                if len(g.acquirers) == len(g.members):
+                    self.counters["grants_without_change"] += 1
+                    self._grant(g)
+                continue  # lit; prepared members will acquire it
             busy = self._busy(exclude=g)
-            if any(self.devices[d].changed_ports(c) & busy.get(d, set()) for d, c in changes.items()):
+            if any(any(self._hot(d, c, busy)) for d, c in changes.items()):
                 continue  # a port it changes still carries another group's traffic: wait for its release
             g.status = "applying"
             task = asyncio.get_running_loop().create_task(self._apply(g, changes, busy))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _apply(self, g: GroupState, changes: dict[str, dict[int, int | None]], busy: dict[str, set[int]]):
+    async def _apply(self, g: GroupState, changes: dict[str, dict[int, int | None]], busy) -> None:
         now = self.clock()
         done = now
         for device, c in changes.items():
             driver = self.devices[device]
-            changed = driver.changed_ports(c)
-            if changed & busy.get(device, set()):  # never happens: _schedule checked it
+            hot_in, hot_out = self._hot(device, c, busy)
+            if hot_in or hot_out:  # never happens: _schedule checked it
                 self.counters["unsafe_reconfigurations"] += 1
+            ins, outs = changed_ports(driver.state(), driver.validate(c))
             done = max(done, driver.apply(c, now))
             self.store.set_circuits(device, driver.state())
             self.store.add(f"reconfigurations:{device}")
             self.store.add(f"circuit_changes:{device}", len(c))
+            b_in, b_out = busy.get(device, (set(), set()))
             self.applies.append({"device": device, "group": g.key, "job": g.job, "phase": g.phase, "at": now,
-                                 "changed_ports": sorted(changed), "busy_ports": sorted(busy.get(device, set()))})
+                                 "changed_inputs": sorted(ins), "changed_outputs": sorted(outs),
+                                 "busy_inputs": sorted(b_in), "busy_outputs": sorted(b_out)})
         self.store.add("reconfiguration_seconds", done - now)
         self.log("reconfigure", job=g.job, group=g.key, phase=g.phase, devices=sorted(changes), delay_s=done - now)
         if done > now:
             await self.sleep(done - now)
-        self._grant(g)
-        self._schedule()
+        g.status = "idle"
+        self._schedule()  # grants it if every member acquired meanwhile
 
     def _grant(self, g: GroupState) -> None:
         g.status = "granted"
-        g.holders = set(g.intents)
+        g.holders = set(g.acquirers)
         g.ready_since = 0.0
         now = self.clock()
         for fut, asked in g.waiters.values():
@@ -299,8 +320,6 @@ class Controller:
                 self.latencies.append(now - asked)
         g.waiters.clear()
         self.counters["grants"] += 1
-        if not g.holders:
-            g.status = "idle"
 
     def _leave(self, job: str, rank: int, key: str) -> None:
         self.intent.pop((job, rank), None)
@@ -308,6 +327,7 @@ class Controller:
         if g is None:
             return
         g.intents.discard(rank)
+        g.acquirers.discard(rank)
         g.holders.discard(rank)
         waiter = g.waiters.pop(rank, None)
         if waiter is not None and not waiter[0].done():
