@@ -51,7 +51,7 @@ def test_lower_bound_values_and_small_n_meet_it():
     for n in (2, 3, 4, 5):
         assert phase2(n).rounds == lower_bound(n)
     hits = sum(phase2(n).rounds == lower_bound(n) for n in range(2, 257))
-    assert hits >= 100  # the greedy meets the bound for 119 of n = 2..256
+    assert hits >= 100  # the greedy meets the bound for 100 of n = 2..256
 
 
 def test_any_rank_can_be_the_straggler():

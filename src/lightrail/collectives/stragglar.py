@@ -13,7 +13,7 @@ that hold the fewest other chunks still spreading (a rank holding two spreading 
 only one of them, which breaks the doubling) and, among those, the ones with the oldest newest chunk
 and the highest rank (it swaps with the straggler last, so it stays free longest); senders with the
 fewest other chunks to spread go first. Each chunk is a few numpy operations over the ranks, so
-n = 1,024 synthesises in about a second. Rounds against the bound: equal for 119 of n = 2..256 and
+n = 1,024 synthesises in about a second. Rounds against the bound: equal for 100 of n = 2..256 and
 never more than 3 above it up to n = 1,024 (``lightrail stragglar rounds --ranks 2..256``).
 
 Lower bound on phase-2 rounds (``lower_bound``): the straggler receives one chunk per round and needs
