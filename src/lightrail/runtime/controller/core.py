@@ -142,13 +142,15 @@ class Controller:
         return {"key": m.key}
 
     def acquire(self, m: Acquire) -> asyncio.Future | None:
-        """Ask for a group; returns a future resolved on grant, or None for a prepare (or a grant
-        that needs no wait: the group is already held by its other members)."""
+        """Ask for a group; returns a future resolved on grant, or None for a prepare (and for a
+        repeated acquire by a rank that already holds the group)."""
         g = self._group(m.job, m.key, m.rank)
         previous = self.intent.get((m.job, m.rank))
         if previous is not None and previous != m.key:
             self._leave(m.job, m.rank, previous)
         self.intent[(m.job, m.rank)] = m.key
+        if m.rank in g.holders:
+            return None
         g.intents.add(m.rank)
         if len(g.intents) == len(g.members) and not g.ready_since:
             g.ready_since = self.clock()
@@ -156,13 +158,9 @@ class Controller:
             self._schedule()
             return None
         g.acquirers.add(m.rank)
-        if g.status == "granted":  # its circuits are reserved for the members already in the op
-            g.holders.add(m.rank)
-            self.latencies.append(0.0)
-            return None
         fut = asyncio.get_running_loop().create_future()
         g.waiters[m.rank] = (fut, self.clock())
-        self._schedule()
+        self._schedule()  # a rank back while the group is still granted waits for the next round
         return fut
 
     def release(self, m: Release) -> dict:
@@ -205,13 +203,14 @@ class Controller:
     def configure(self, device: str, changes: dict[int, int | None], *, job: str | None = None) -> dict:
         """Admin change of one device's circuits (validated; nothing changes on error)."""
         driver = self._device(device, field="device")
-        touched = set(changes) | {o for o in changes.values() if o is not None}
-        for port in touched:
+        for port in set(changes) | {o for o in changes.values() if o is not None}:
             self._check_port(device, port, field=f"changes.{port}")
+        ins, outs = changed_ports(driver.state(), driver.validate(changes))
+        for port in sorted(ins | outs):  # every port the change switches, not only the ones it names
             owner = self.owner.get((device, port))
             if owner is not None and owner != job:
                 raise InfeasibleError(f"port {port} on {device} is owned by job {owner!r}", field=f"changes.{port}",
-                                      fix="only the owning job's ports can be changed (give job=...)")
+                                      fix="only the owning job's ports can be switched (give job=...)")
         hot_in, hot_out = self._hot(device, changes, self._busy())
         if hot_in or hot_out:
             port = min(hot_in | hot_out)
@@ -223,16 +222,13 @@ class Controller:
         return {"device": device, "completes_in_s": done - now, "circuits": driver.state()}
 
     # -- scheduling -------------------------------------------------------------------------------------
-    def _busy(self, exclude: GroupState | None = None) -> dict[str, tuple[set[int], set[int]]]:
+    def _busy(self) -> dict[str, tuple[set[int], set[int]]]:
         """Per device, inputs and outputs that carry traffic: those of granted groups with holders and
         of groups whose reconfiguration is under way."""
         busy: dict[str, tuple[set[int], set[int]]] = {}
         for g in self.groups.values():
-            if g is not exclude and (g.status == "applying" or (g.status == "granted" and g.holders)):
-                for d, (ins, outs) in g.ports().items():
-                    b = busy.setdefault(d, (set(), set()))
-                    b[0].update(ins)
-                    b[1].update(outs)
+            if g.status == "applying" or (g.status == "granted" and g.holders):
+                _add_ports(busy, g)
         return busy
 
     def _hot(self, device: str, changes: dict[int, int | None], busy) -> tuple[set[int], set[int]]:
@@ -265,60 +261,88 @@ class Controller:
                 out[device] = changes
         return out
 
+    def _provisioned(self) -> dict[str, tuple[set[int], set[int]]]:
+        """Ports of groups lit for members that all asked but have not all acquired yet (prepared):
+        only a group whose members all acquired may take them, so two prepared groups never
+        switch the fabric back and forth."""
+        soft: dict[str, tuple[set[int], set[int]]] = {}
+        for g in self.groups.values():
+            if g.status == "idle" and len(g.intents) == len(g.members) and len(g.acquirers) < len(g.members) \
+                    and not self._changes(g):
+                _add_ports(soft, g)
+        return soft
+
     def _schedule(self) -> None:
-        """Light every group whose members all asked and whose changes touch no busy port; grant
-        the ones whose members all acquired and whose circuits are lit."""
+        """Light every group whose members all asked and whose change switches no busy port (the
+        switch changes at once, the group is granted after the delay); grant the lit groups whose
+        members all acquired."""
         ready = sorted((g for g in self.groups.values() if g.status == "idle" and g.intents
                         and len(g.intents) == len(g.members)), key=lambda g: g.ready_since)
+        if not ready:
+            return
+        busy, soft = self._busy(), None
         for g in ready:
             changes = self._changes(g)
+            acquired = len(g.acquirers) == len(g.members)
             if not changes:
-                if len(g.acquirers) == len(g.members):
+                if acquired:
                     self.counters["grants_without_change"] += 1
                     self._grant(g)
-                continue  # lit; prepared members will acquire it
-            busy = self._busy(exclude=g)
-            if any(any(self._hot(d, c, busy)) for d, c in changes.items()):
-                continue  # a port it changes still carries another group's traffic: wait for its release
-            g.status = "applying"
-            task = asyncio.get_running_loop().create_task(self._apply(g, changes, busy))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+                    _add_ports(busy, g)
+                continue  # lit; its prepared members will acquire it
+            blocked = busy
+            if not acquired:
+                soft = self._provisioned() if soft is None else soft
+                blocked = _merge(busy, soft)
+            if any(any(self._hot(d, c, blocked)) for d, c in changes.items()):
+                continue  # a port it switches carries traffic (or is lit for another): wait
+            self._switch(g, changes)
+            _add_ports(busy, g)
 
-    async def _apply(self, g: GroupState, changes: dict[str, dict[int, int | None]], busy) -> None:
+    def _switch(self, g: GroupState, changes: dict[str, dict[int, int | None]]) -> None:
+        """Change the switches now (so every later decision sees the new state); grant after the delay."""
         now = self.clock()
         done = now
+        check = self._busy()  # recomputed independently of _schedule's view
         for device, c in changes.items():
             driver = self.devices[device]
-            hot_in, hot_out = self._hot(device, c, busy)
-            if hot_in or hot_out:  # never happens: _schedule checked it
+            if any(self._hot(device, c, check)):  # never happens: _schedule checked it
                 self.counters["unsafe_reconfigurations"] += 1
             ins, outs = changed_ports(driver.state(), driver.validate(c))
             done = max(done, driver.apply(c, now))
             self.store.set_circuits(device, driver.state())
             self.store.add(f"reconfigurations:{device}")
             self.store.add(f"circuit_changes:{device}", len(c))
-            b_in, b_out = busy.get(device, (set(), set()))
+            b_in, b_out = check.get(device, (set(), set()))
             self.applies.append({"device": device, "group": g.key, "job": g.job, "phase": g.phase, "at": now,
                                  "changed_inputs": sorted(ins), "changed_outputs": sorted(outs),
                                  "busy_inputs": sorted(b_in), "busy_outputs": sorted(b_out)})
         self.store.add("reconfiguration_seconds", done - now)
         self.log("reconfigure", job=g.job, group=g.key, phase=g.phase, devices=sorted(changes), delay_s=done - now)
-        if done > now:
-            await self.sleep(done - now)
+        g.status = "applying"
+        task = asyncio.get_running_loop().create_task(self._settle(g, done - now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, g: GroupState, delay: float) -> None:
+        if delay > 0:
+            await self.sleep(delay)
         g.status = "idle"
-        self._schedule()  # grants it if every member acquired meanwhile
+        if len(g.acquirers) == len(g.members) and not self._changes(g):
+            self._grant(g)  # every member is waiting for it
+        self._schedule()
 
     def _grant(self, g: GroupState) -> None:
         g.status = "granted"
         g.holders = set(g.acquirers)
+        g.acquirers = set()  # acquires from now on are for the next round
         g.ready_since = 0.0
         now = self.clock()
-        for fut, asked in g.waiters.values():
+        for rank in g.holders:
+            fut, asked = g.waiters.pop(rank)
             if not fut.done():
                 fut.set_result(None)
                 self.latencies.append(now - asked)
-        g.waiters.clear()
         self.counters["grants"] += 1
 
     def _leave(self, job: str, rank: int, key: str) -> None:
@@ -335,7 +359,10 @@ class Controller:
         if len(g.intents) < len(g.members):
             g.ready_since = 0.0
         if g.status == "granted" and not g.holders:
-            g.status = "idle"
+            g.status = "idle"  # the round is over; ranks already back wait for the next barrier
+            if len(g.intents) == len(g.members):
+                g.ready_since = self.clock()
+
 
     # -- lookups and views ------------------------------------------------------------------------------
     def _device(self, device: str, *, field: str):
@@ -375,3 +402,15 @@ class Controller:
                                          "holders": sorted(g.holders), "waiting": sorted(g.waiters)}
                                  for g in self.groups.values() if g.job == job}}
                 for job, info in self.jobs.items()}
+
+
+def _add_ports(busy: dict[str, tuple[set[int], set[int]]], g: GroupState) -> None:
+    for d, (ins, outs) in g.ports().items():
+        b = busy.setdefault(d, (set(), set()))
+        b[0].update(ins)
+        b[1].update(outs)
+
+
+def _merge(a: dict[str, tuple[set[int], set[int]]], b: dict[str, tuple[set[int], set[int]]]):
+    return {d: (a.get(d, (set(), set()))[0] | b.get(d, (set(), set()))[0],
+                a.get(d, (set(), set()))[1] | b.get(d, (set(), set()))[1]) for d in set(a) | set(b)}

@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 
+from pydantic import BaseModel, ConfigDict
+
 from lightrail.errors import LightrailError
 from lightrail.runtime.controller.config import ControllerConfig
 from lightrail.runtime.controller.core import Controller
@@ -138,16 +140,18 @@ def metrics_text(controller: Controller) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Changes(BaseModel):
+    """Body of ``POST /devices/{device}/circuits``: input -> output (null darkens), on behalf of ``job``."""
+
+    model_config = ConfigDict(extra="forbid")
+    changes: dict[int, int | None]
+    job: str | None = None
+
+
 def admin_app(controller: Controller):
     """The HTTP admin API over ``controller`` (FastAPI app)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, PlainTextResponse
-    from pydantic import BaseModel, ConfigDict
-
-    class Changes(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        changes: dict[int, int | None]
-        job: str | None = None
 
     app = FastAPI(title="lightrail controller", version="1")
 
