@@ -145,28 +145,31 @@ class Controller:
         """Ask for a group; returns a future resolved on grant, or None for a prepare (and for a
         repeated acquire by a rank that already holds the group)."""
         g = self._group(m.job, m.key, m.rank)
+        freed = False
         previous = self.intent.get((m.job, m.rank))
         if previous is not None and previous != m.key:
-            self._leave(m.job, m.rank, previous)
+            freed = self._leave(m.job, m.rank, previous)
         self.intent[(m.job, m.rank)] = m.key
         if m.rank in g.holders:
             return None
         g.intents.add(m.rank)
-        if len(g.intents) == len(g.members) and not g.ready_since:
+        complete = len(g.intents) == len(g.members)
+        if complete and not g.ready_since:
             g.ready_since = self.clock()
-        if m.op == "prepare":
+        fut = None
+        if m.op == "acquire":
+            g.acquirers.add(m.rank)
+            fut = asyncio.get_running_loop().create_future()
+            g.waiters[m.rank] = (fut, self.clock())
+        # Only a completed barrier or freed ports can make anything new possible. A rank back while
+        # the group is still granted waits for the next round (the last release reschedules).
+        if complete or freed:
             self._schedule()
-            return None
-        g.acquirers.add(m.rank)
-        fut = asyncio.get_running_loop().create_future()
-        g.waiters[m.rank] = (fut, self.clock())
-        self._schedule()  # a rank back while the group is still granted waits for the next round
         return fut
 
     def release(self, m: Release) -> dict:
         self._group(m.job, m.key, m.rank)
-        if self.intent.get((m.job, m.rank)) == m.key:
-            self._leave(m.job, m.rank, m.key)
+        if self.intent.get((m.job, m.rank)) == m.key and self._leave(m.job, m.rank, m.key):
             self._schedule()
         return {}
 
@@ -196,8 +199,7 @@ class Controller:
     def disconnect(self, job: str, rank: int) -> None:
         """A rank's connection closed: it no longer holds or waits for anything."""
         key = self.intent.get((job, rank))
-        if key is not None:
-            self._leave(job, rank, key)
+        if key is not None and self._leave(job, rank, key):
             self._schedule()
 
     def configure(self, device: str, changes: dict[int, int | None], *, job: str | None = None) -> dict:
@@ -345,11 +347,14 @@ class Controller:
                 self.latencies.append(now - asked)
         self.counters["grants"] += 1
 
-    def _leave(self, job: str, rank: int, key: str) -> None:
+    def _leave(self, job: str, rank: int, key: str) -> bool:
+        """The rank no longer wants or holds the group; True if that freed ports (its round ended, or
+        it was lit for members that all asked)."""
         self.intent.pop((job, rank), None)
         g = self.groups.get((job, key))
         if g is None:
-            return
+            return False
+        was_complete = len(g.intents) == len(g.members)
         g.intents.discard(rank)
         g.acquirers.discard(rank)
         g.holders.discard(rank)
@@ -362,7 +367,8 @@ class Controller:
             g.status = "idle"  # the round is over; ranks already back wait for the next barrier
             if len(g.intents) == len(g.members):
                 g.ready_since = self.clock()
-
+            return True
+        return g.status == "idle" and was_complete  # its lit-for-prepare ports are no longer reserved
 
     # -- lookups and views ------------------------------------------------------------------------------
     def _device(self, device: str, *, field: str):

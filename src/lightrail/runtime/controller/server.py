@@ -10,6 +10,7 @@ the ports they changed and the ports that were busy), ``GET /metrics`` (Promethe
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -50,23 +51,23 @@ def _log(what: str, /, **fields) -> None:
 
 
 async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """One connection (normally one rank): requests in order; acquires may complete out of order."""
+    """One connection (normally one rank): requests in order; acquires may complete out of order.
+
+    Replies are written without awaiting (one write per reply keeps lines whole); the loop waits for
+    the socket to drain only when a slow reader lets the buffer grow.
+    """
     ranks: set[tuple[str, int]] = set()
-    lock = asyncio.Lock()
-    pending: set[asyncio.Task] = set()
 
-    async def send(reply: dict) -> None:
-        async with lock:
+    def send(reply: dict) -> None:
+        if not writer.is_closing():
             writer.write(encode(reply))
-            await writer.drain()
 
-    async def finish_acquire(request_id: int, fut: asyncio.Future) -> None:
-        try:
-            await fut
-            await send({"id": request_id, "ok": True, "granted": True})
-        except asyncio.CancelledError:
-            await send({"id": request_id, "ok": False, "error": {"type": "Cancelled", "message": "request dropped",
-                                                                 "field": "key", "fix": "acquire again"}})
+    def granted(request_id: int, fut: asyncio.Future) -> None:
+        if fut.cancelled():
+            send({"id": request_id, "ok": False, "error": {"type": "Cancelled", "message": "request dropped",
+                                                           "field": "key", "fix": "acquire again"}})
+        else:
+            send({"id": request_id, "ok": True, "granted": True})
 
     try:
         while line := await reader.readline():
@@ -83,20 +84,20 @@ async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: 
                 elif isinstance(m, Acquire):
                     fut = controller.acquire(m)
                     if fut is not None:
-                        task = asyncio.create_task(finish_acquire(m.id, fut))
-                        pending.add(task)
-                        task.add_done_callback(pending.discard)
+                        fut.add_done_callback(functools.partial(granted, m.id))
                         continue
                     reply = {"granted": m.op == "acquire"}
                 elif isinstance(m, Release):
                     reply = controller.release(m)
                 elif isinstance(m, Bye):
                     reply = controller.bye(m)
-                await send({"id": request_id, "ok": True, **reply})
+                send({"id": request_id, "ok": True, **reply})
             except LightrailError as e:
                 controller.counters["errors"] += 1
                 _log("bad_request", error=str(e))
-                await send(error_reply(request_id, e))
+                send(error_reply(request_id, e))
+            if writer.transport.get_write_buffer_size() > 1 << 20:
+                await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
