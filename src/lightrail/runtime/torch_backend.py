@@ -189,7 +189,10 @@ class LightrailProcessGroup(dist.ProcessGroup):
         else:
             self.inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
         self.members = [int(r) for r in opts.global_ranks_in_group] or list(range(opts.group_size))
-        self.agent = _agent(self.members[opts.group_rank])
+        first = _AGENT is None
+        self.agent = _agent(self.members[opts.group_rank])  # the first group (the default one) says hello
+        if first and self.agent.client is not None:
+            self.inner.barrier().wait()  # every rank's ports are claimed before any group is declared
         layout = self.agent.layout
         self.phase = phase_of(layout, self.members)
         ring = list(zip(self.members, self.members[1:] + self.members[:1], strict=True))
