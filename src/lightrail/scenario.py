@@ -7,12 +7,10 @@ is a :class:`ScenarioError` naming the field (``parallel.tp``, ``ocs.reconfig_de
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lightrail.control.opus import OpusParams
@@ -20,7 +18,7 @@ from lightrail.errors import ScenarioError
 from lightrail.sim.cost import CostFacts
 from lightrail.sim.iteration import RailFabric
 from lightrail.units import parse_rate, parse_time
-from lightrail.validation import first_error
+from lightrail.validation import first_error, read_mapping
 from lightrail.workload.hardware import GPU, gpu
 from lightrail.workload.importers import model_from_hf_config
 from lightrail.workload.model import ModelSpec, preset
@@ -171,12 +169,6 @@ def load_scenario(path: str | Path | None) -> tuple[Scenario, Path | None]:
     if path is None:
         return parse_scenario(DEFAULT_SCENARIO), None
     path = Path(path)
-    if not path.is_file():
-        raise ScenarioError(f"no file {str(path)!r}", field="SCENARIO", fix="give the path of a .yaml or .json file")
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise ScenarioError(f"cannot read {path.name}: {str(e).splitlines()[0]}", field="SCENARIO") from None
+    data = read_mapping(path, field="SCENARIO")
     return parse_scenario(data, source=path.name), path.parent
 

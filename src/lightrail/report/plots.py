@@ -17,6 +17,14 @@ __all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_hea
            "plot_straggler_speedups", "plot_train_demo"]
 
 
+
+def _save(fig, path) -> Path:
+    """Lay out, write the PNG atomically, free the figure."""
+    fig.tight_layout()
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return Path(path)
+
 def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     """Time and bus bandwidth against message size, one line per algorithm (log-log)."""
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -37,10 +45,7 @@ def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     ax_bw.set_ylabel("bus bandwidth (GB/s)")
     ax_t.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
@@ -61,10 +66,7 @@ def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, frameon=False)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_delay_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
@@ -82,10 +84,7 @@ def plot_delay_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_speedup_heatmaps(op: str, ranks: Sequence[int], sizes: Sequence[float], delays: Sequence[float],
@@ -147,10 +146,7 @@ def plot_straggler_run(rows: Sequence[dict], path: Path, title: str) -> Path:
         ax.set_xlabel("buffer size per rank")
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def _delay_label(seconds: float) -> str:
@@ -229,9 +225,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("ranks n (rank n-1 is the straggler)")
     ax.set_title(f"{title}\nstraggler {_delay_label(at_delay)} late", fontsize=10)
-    fig.tight_layout()
-    write_atomic(Path(path_vs_ranks), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    _save(fig, path_vs_ranks)
 
     # against the delay, at one n: exact curves from the phase times, swept delays marked
     fig, ax = plt.subplots(figsize=(10.5, 4.8))
@@ -266,9 +260,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("straggler delay D (speedup over Ring peaks where D = StragglAR's phase 1)")
     ax.set_title(f"{title}\n{at_ranks} ranks", fontsize=10)
-    fig.tight_layout()
-    write_atomic(Path(path_vs_delay), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    _save(fig, path_vs_delay)
     return Path(path_vs_ranks), Path(path_vs_delay)
 
 
@@ -284,7 +276,4 @@ def plot_train_demo(result: dict, path: Path, *, title: str) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)

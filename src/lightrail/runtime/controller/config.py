@@ -15,15 +15,13 @@ The driver is chosen per device by name, so a real switch's driver is one more e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_time
-from lightrail.validation import first_error
+from lightrail.validation import first_error, read_mapping
 
 __all__ = ["DeviceConfig", "ControllerConfig", "load_config", "default_config"]
 
@@ -72,14 +70,7 @@ def default_config(*, rails: int = 8, ports: int = 64, delay: float = 0.010, por
 def load_config(path: str | Path | None = None, data: dict | None = None) -> ControllerConfig:
     """Read and validate a controller config (file or mapping); errors name the field."""
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ScenarioError(f"no file {str(path)!r}", field="--config", fix="give a .yaml or .json file")
-        try:
-            text = path.read_text()
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as e:
-            raise ScenarioError(f"cannot read {path.name}: {str(e).splitlines()[0]}", field="--config") from None
+        data = read_mapping(path, field="--config")
     if not isinstance(data, dict):
         raise ScenarioError("the controller config must be a mapping", field="--config",
                             fix="see docs/controller.md for an example")
