@@ -237,13 +237,14 @@ def test_fat_tree_two_to_one_doubles_the_per_byte_cost():
 # -- rails -------------------------------------------------------------------------------------------
 
 
-def _rails16():
-    return rails(16, gpus_per_server=8, nic_bandwidth=B, nvlink_bandwidth=NVL, latency=L)
+def _rails16(routing="pxn"):
+    return rails(16, gpus_per_server=8, nic_bandwidth=B, nvlink_bandwidth=NVL, latency=L, routing=routing)
 
 
-def test_ring_allreduce_on_two_rail_servers_link_loads():
+@pytest.mark.parametrize("routing", ["pxn", "ecmp"])
+def test_ring_allreduce_on_two_rail_servers_link_loads(routing):
     n, g = 16, 8
-    topo = _rails16()
+    topo = _rails16(routing)
     engine = Engine(topo, alpha=ALPHA)
     schedule = generate("allreduce", "ring", n)
     step = schedule.step(0)
@@ -265,7 +266,9 @@ def test_ring_allreduce_on_two_rail_servers_link_loads():
         b = (a + 1) % n
         if a // g == b // g:
             carry([a, nvs(a), b], c)
-        else:  # two 4-hop PXN paths: NVLink to b's rail then the rail, or a's rail then NVLink
+        elif routing == "pxn":  # NVLink to b's rail, then the rail
+            carry([a, nvs(a), (a // g) * g + b % g, rail(b), b], c)
+        else:  # ECMP over two 4-hop paths: NVLink to b's rail then the rail, or a's rail then NVLink
             carry([a, nvs(a), (a // g) * g + b % g, rail(b), b], c / 2)
             carry([a, rail(a), (b // g) * g + a % g, nvs(b), b], c / 2)
     loads = engine.link_loads(step.src, step.dst, c)
@@ -274,9 +277,9 @@ def test_ring_allreduce_on_two_rail_servers_link_loads():
     for key, x in expected.items():
         assert got[key] == approx(x)
 
-    # NVLinks carry at most c at 450 GB/s; the cross-server pairs see c/2 on 50 GB/s NIC links
+    # NVLinks carry at most c at 450 GB/s; the cross-server pairs see c (PXN) or c/2 (ECMP) on NIC links
     assert max(x for (u, v), x in got.items() if u < n + 2 and v < n + 2) == approx(c)
-    step_time = ALPHA + 4 * L + (c / 2) / B
+    step_time = ALPHA + 4 * L + (c if routing == "pxn" else c / 2) / B
     assert engine.time(schedule, GIB).time_s == approx(2 * (n - 1) * step_time)
 
 

@@ -74,7 +74,7 @@ BUILT = {
         for o in (1, 2, 3)
     },
     **{
-        f"rails-{n}-{g}": (lambda n=n, g=g: rails(n, gpus_per_server=g))
+        f"rails-{n}-{g}": (lambda n=n, g=g: rails(n, gpus_per_server=g, routing="ecmp"))
         for n, g in [(2, 8), (4, 4), (8, 4), (16, 4), (8, 8), (6, 8), (16, 8), (32, 8)]
     },
 }
@@ -91,6 +91,36 @@ def test_closed_form_hops_equal_bfs_on_all_node_pairs(name):
     bfs = bfs_hops(topo)
     assert np.all(bfs >= 0), "builders produce connected fabrics"
     np.testing.assert_array_equal(closed, bfs)
+
+
+@pytest.mark.parametrize(("n", "g"), [(8, 4), (16, 4), (32, 8)])
+def test_pxn_rails_differ_from_graph_distance_only_from_a_rail_switch_to_another_rails_gpu(n, g):
+    """PXN forbids the NVLink hop after a NIC; everything else is the graph distance."""
+    pxn, ecmp = rails(n, gpus_per_server=g), rails(n, gpus_per_server=g, routing="ecmp")
+    u, v = all_pairs(pxn)
+    first_rail = n + n // g
+    other_rail = (u >= first_rail) & (v < n) & (u - first_rail != v % g)
+    np.testing.assert_array_equal(pxn.hops(u, v)[~other_rail], bfs_hops(ecmp)[~other_rail])
+    assert np.all(pxn.hops(u, v)[other_rail] > bfs_hops(ecmp)[other_rail])
+
+
+def test_pxn_routes_cross_only_the_destinations_rail_and_ring_allreduce_gets_one_nic():
+    """NCCL's PXN: a flow between servers uses the rail of its destination GPU, so one ring's bus
+    bandwidth is one NIC (as on a switch), where ECMP over both paths would give two."""
+    from lightrail.sim.collective import evaluate
+    from lightrail.timing import Engine
+
+    n, g = 64, 8
+    topo = rails(n, gpus_per_server=g, nic_bandwidth=50e9)
+    src, dst = np.arange(n), (np.arange(n) + 3) % n
+    routes = Engine(topo).route(src, dst)
+    used = topo.dst[routes.link]
+    rail_hops = used >= n + n // g  # links into a rail switch
+    assert np.all(used[rail_hops] - (n + n // g) == dst[routes.pair[rail_hops]] % g)
+    busbw = {r: evaluate("allreduce", "ring", n, 1 << 30, rails(n, gpus_per_server=g, nic_bandwidth=50e9,
+                                                                   routing=r)).busbw_Bps for r in ("pxn", "ecmp")}
+    assert busbw["pxn"] == pytest.approx(50e9, rel=1e-9)
+    assert busbw["ecmp"] == pytest.approx(100e9, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["ring-5", "torus-4x3", "fat_tree-12-4-2", "rails-16-4", "switch-5"])

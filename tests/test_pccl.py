@@ -16,7 +16,7 @@ from lightrail.control.pccl import Planner, ReconfigurableFabric, choose, edge_c
 from lightrail.fabric.builders import ring
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.sim.collective_study import StudyGrid, collective_study
-from lightrail.sim.engine import Engine
+from lightrail.timing import Engine
 
 SIZES = [2.0**10, 2.0**20, 2.0**30]
 DELAYS = [0.0, 1e-6, 1e-5, 1e-4, 1e-2]

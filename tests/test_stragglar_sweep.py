@@ -13,7 +13,7 @@ from lightrail.cli import app
 from lightrail.collectives.stragglar import stragglar_allreduce
 from lightrail.fabric.builders import build_topology
 from lightrail.sim.collective import straggler_comparison, straggler_sweep
-from lightrail.sim.engine import Engine
+from lightrail.timing import Engine
 
 SIZE, BW, LAT, ALPHA = 2.0**26, 450e9, 1e-6, 3e-6
 

@@ -25,7 +25,7 @@ from lightrail.collectives.schedule import Schedule
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, torus
 from lightrail.fabric.topology import NodeKind, Topology
-from lightrail.sim.engine import Engine, StepModel
+from lightrail.timing import Engine, StepModel
 
 __all__ = ["ReconfigurableFabric", "Plan", "Planner", "Choice", "choose", "edge_colouring"]
 

@@ -173,13 +173,19 @@ def fat_tree(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0, 
 
 
 def rails(n: int, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWIDTH,
-          nvlink_bandwidth: float = NVLINK_BANDWIDTH, latency: float = 0.0) -> Topology:
+          nvlink_bandwidth: float = NVLINK_BANDWIDTH, latency: float = 0.0, routing: str = "pxn") -> Topology:
     """Rail-optimized cluster: servers of g GPUs on an NVLink switch; GPU i of every server on rail i.
 
     GPU ``r`` is on server ``r // g`` and rail ``r % g``. Each rail is one non-blocking electrical
-    switch. Traffic between rails crosses NVLink to the GPU on the right rail first (PXN).
+    switch. ``routing`` decides how traffic between GPUs on different servers and rails goes:
+    ``"pxn"`` (NCCL's rule, the default): NVLink to the GPU on the destination's rail first, then that
+    rail, so a flow uses one rail, as it does on photonic rails; ``"ecmp"``: split evenly over both
+    shortest paths (source rail then NVLink at the destination, or NVLink first then the
+    destination's rail), which lets one flow use two NICs.
     """
     _check_n(n)
+    if routing not in ("pxn", "ecmp"):
+        raise InfeasibleError(f"unknown routing {routing!r}", field="routing", fix="use pxn or ecmp")
     g = gpus_per_server
     if g < 1:
         raise InfeasibleError(f"gpus_per_server={g}", field="gpus_per_server", fix="use 1 or more (8 on HGX)")
@@ -206,6 +212,8 @@ def rails(n: int, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWI
 
     # Shortest hop counts by kind pair when server and rail both differ (PXN detours cost 2 hops).
     far = np.array([[4, 3, 3], [3, 4, 2], [3, 2, 4]])
+    if routing == "pxn":  # no NVLink hop after a NIC: from a rail switch, another rail's GPU is 5 hops away
+        far[2, 0] = 5
 
     def hops(u, v):
         ku, su, ru = coords(u)
@@ -219,7 +227,8 @@ def rails(n: int, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWI
             d = np.where((ku == 0) & (kv == 0), 2, np.where((ku == 0) | (kv == 0), 1, 2))
         return np.where(u == v, 0, d)
 
-    return _build(f"rails(n={n},g={g})", kinds, src, dst, bw, latency, hops, gpus_per_server=g)
+    return _build(f"rails(n={n},g={g},{routing})", kinds, src, dst, bw, latency, hops,
+                  gpus_per_server=g)
 
 
 def circuits(n: int, configurations, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0) -> Topology:
@@ -247,7 +256,7 @@ TOPOLOGIES = ("switch", "ring", "torus2d", "torus3d", "fat-tree", "rails")
 def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0,
                    shape: tuple[int, ...] | None = None, gpus_per_server: int = 8,
                    nvlink_bandwidth: float = NVLINK_BANDWIDTH, hosts_per_leaf: int = 32,
-                   oversubscription: float = 1.0) -> Topology:
+                   oversubscription: float = 1.0, routing: str = "pxn") -> Topology:
     """A topology by preset name for n GPUs; errors name the option at fault.
 
     ``bandwidth`` is the per-GPU network link (NIC) rate; ``latency`` is charged per hop.
@@ -273,7 +282,7 @@ def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, laten
                         oversubscription=oversubscription)
     if kind == "rails":
         return rails(n, gpus_per_server=gpus_per_server, nic_bandwidth=bandwidth,
-                     nvlink_bandwidth=nvlink_bandwidth, latency=latency)
+                     nvlink_bandwidth=nvlink_bandwidth, latency=latency, routing=routing)
     raise UnsupportedError(f"unknown topology {kind!r}", field="--topology", fix="use one of " + ", ".join(TOPOLOGIES))
 
 

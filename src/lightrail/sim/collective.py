@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from lightrail.collectives import Kind, algorithms, bus_factor, get, verify
 from lightrail.errors import InfeasibleError, UnsupportedError
 from lightrail.fabric.topology import Topology
-from lightrail.sim.engine import Engine
+from lightrail.timing import Engine
 
 __all__ = ["CollectiveResult", "evaluate", "sweep", "StragglerTimes", "straggler_times", "straggler_comparison",
            "straggler_sweep"]

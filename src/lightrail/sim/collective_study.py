@@ -17,7 +17,7 @@ import numpy as np
 from lightrail.collectives import algorithms
 from lightrail.control.pccl import Planner, ReconfigurableFabric
 from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, switch, torus
-from lightrail.sim.engine import Engine
+from lightrail.timing import Engine
 
 __all__ = ["StudyGrid", "collective_study", "EXCLUDED"]
 

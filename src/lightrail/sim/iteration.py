@@ -31,7 +31,7 @@ import numpy as np
 from lightrail.control.opus import LIGHTRAIL, OpusParams, OpusPlanner, Requirement
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, photonic_rails, rails
-from lightrail.sim.engine import Engine
+from lightrail.timing import Engine
 from lightrail.workload.program import Collective, Compute, Program, Recv, Send
 
 __all__ = ["RailFabric", "TraceEvent", "IterationResult", "simulate_iteration"]

@@ -1,5 +1,7 @@
 """Step timing on a network state: congestion + dilation (DESIGN.md "Time model").
 
+Below `control/` and `sim/` so planners price a step without importing the simulator.
+
 A step's transfers are aggregated per (src, dst) pair, routed over shortest paths with ECMP
 (traffic split evenly over the equal-cost next hops at every node), and charged to the links
 they cross. Pair i finishes after ``alpha + latency(path_i) + max_{e in path_i} load_e / bw_e``;

@@ -1,0 +1,183 @@
+"""The Plan: per rail switch, which configuration serves which phase, and when the switch changes.
+
+One Plan is executed by both faces of lightrail: the iteration simulator (``sim/iteration.py``)
+and the runtime (the torch backend and the controller). A planner derives it from the traffic of
+a job; the executors only look it up.
+
+- **Circuits of a transfer** (:func:`rail_circuits`): a transfer between GPUs on different servers
+  crosses the rail of its destination GPU (NCCL's PXN: NVLink to the GPU on the right rail first),
+  so it needs the circuit (rail of dst, server of src -> server of dst).
+- **A phase is a parallelism dimension** (tp, cp, ep, pp, dp), as Opus defines it (arXiv
+  2507.08119, section 4): its configuration on a rail is the union of the circuits its ops need,
+  whenever that union is a partial permutation of the rail's ports. Only when it is not (a middle
+  pipeline stage whose two neighbours need the same transmitter, an all-to-all across servers) is
+  the phase split into matchings (:func:`split_into_matchings`): first-fit over the requirements in
+  the order the traffic needs them, so pipeline forward and backward between the same two servers
+  share one configuration. First fit equals the fewest matchings on every layout the tests
+  brute-force.
+- **When the switch changes** is the policy (``OpusParams``): on demand (a phase's first op asks)
+  or provisioned (the previous phase's last op releases), the whole switch (Opus) or only the
+  changed ports, per-op check-ins with the controller (Opus) or leases held for a whole phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lightrail.workload.parallel import Dim, Layout
+
+__all__ = ["Circuits", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan", "runtime_plan"]
+
+Circuits = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Circuits as parallel arrays ``(rail, tx_server, rx_server)``."""
+
+NO_CIRCUITS: Circuits = (np.zeros(0, np.int64),) * 3
+
+
+def _unique(layout: Layout, rail, tx, rx) -> Circuits:
+    s = layout.servers
+    key = np.unique((np.asarray(rail, np.int64) * s + tx) * s + rx)
+    return key // s**2, key // s % s, key % s
+
+
+def rail_circuits(layout: Layout, src, dst, rails=None) -> Circuits:
+    """Unique circuits that the transfers ``src -> dst`` (ranks) need on the rails.
+
+    By default each cross-server transfer rides the rail of its destination GPU (PXN). With
+    ``rails``, every server pair gets a circuit on each of the given rails instead (traffic
+    spread over those rails).
+    """
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    s_srv, d_srv = layout.server(src), layout.server(dst)
+    cross = s_srv != d_srv
+    s_srv, d_srv = s_srv[cross], d_srv[cross]
+    if not len(s_srv):
+        return NO_CIRCUITS
+    if rails is None:
+        return _unique(layout, layout.rail(dst[cross]), s_srv, d_srv)
+    rails = np.asarray(rails, np.int64)
+    pairs = np.unique(np.stack([s_srv, d_srv]), axis=1)
+    return _unique(layout, np.repeat(rails, pairs.shape[1]), np.tile(pairs[0], len(rails)),
+                   np.tile(pairs[1], len(rails)))
+
+
+def is_matching(layout: Layout, circuits: Circuits) -> bool:
+    """True if no transmitter and no receiver of a rail has two circuits (a partial permutation)."""
+    rail, tx, rx = circuits
+    s = layout.servers
+    txk, rxk = rail * s + tx, rail * s + rx
+    return len(np.unique(txk)) == len(txk) and len(np.unique(rxk)) == len(rxk)
+
+
+def union(layout: Layout, *parts: Circuits) -> Circuits:
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return NO_CIRCUITS
+    return _unique(layout, *(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+
+def split_into_matchings(layout: Layout, requirements: Sequence[Circuits]) -> tuple[list[int], list[Circuits]]:
+    """Colour requirements (each needed whole, at once) into configurations that are matchings.
+
+    First fit in the given order (the order the traffic needs them): a requirement joins the
+    first configuration it does not conflict with. Returns each requirement's configuration
+    index and each configuration's circuits. One configuration when the union is a matching.
+    """
+    configs: list[Circuits] = []
+    colour: list[int] = []
+    for req in requirements:
+        for i, cfg in enumerate(configs):
+            merged = union(layout, cfg, req)
+            if is_matching(layout, merged):
+                configs[i] = merged
+                colour.append(i)
+                break
+        else:
+            configs.append(union(layout, req))
+            colour.append(len(configs) - 1)
+    return colour, configs
+
+
+def _perm(layout: Layout, circuits: Circuits) -> np.ndarray:
+    perm = np.full((layout.gpus_per_server, layout.servers), -1, np.int64)
+    rail, tx, rx = circuits
+    perm[rail, tx] = rx
+    return perm
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per rail, the configuration of each phase (or its matchings), and the policy that switches them.
+
+    ``configurations[name]`` is ``perm[rail, tx_server] = rx_server`` (-1: dark); a phase's
+    configurations are ``phases[phase]`` in the order its traffic needs them (one name, the phase
+    itself, when its union is a matching; ``"pp#0"``, ``"pp#1"``... otherwise).
+    """
+
+    layout: Layout
+    configurations: dict[str, np.ndarray]
+    phases: dict[str, tuple[str, ...]]
+    mode: str = "provisioned"
+    whole_switch: bool = False
+    """Opus: rewrite the whole rail switch to the configuration (drain the rail first)."""
+    leases: bool = True
+    """lightrail: a group holds its phase's circuits across ops; Opus checks in before every op."""
+    notes: dict = field(default_factory=dict)
+
+    def single_configuration(self, phase: str) -> bool:
+        """True if the phase's circuits all fit one configuration (its groups never conflict)."""
+        return len(self.phases.get(phase, ())) == 1
+
+    def circuits(self, name: str) -> Circuits:
+        perm = self.configurations[name]
+        rail, tx = np.nonzero(perm >= 0)
+        return rail, tx, perm[rail, tx]
+
+    def summary(self) -> dict:
+        """JSON-ready: per phase, its configurations and how many circuits each lights."""
+        return {phase: {name: int(np.sum(self.configurations[name] >= 0)) for name in names}
+                for phase, names in self.phases.items()}
+
+    @classmethod
+    def from_requirements(cls, layout: Layout, requirements: Mapping[str, Sequence[Circuits]], **policy) -> tuple[
+            Plan, dict[str, list[str]]]:
+        """Build a plan from each phase's requirements in order of need; also returns, per phase,
+        the configuration name each requirement falls in."""
+        configurations: dict[str, np.ndarray] = {}
+        phases: dict[str, tuple[str, ...]] = {}
+        names: dict[str, list[str]] = {}
+        for phase, reqs in requirements.items():
+            colour, configs = split_into_matchings(layout, [r for r in reqs])
+            labels = [phase] if len(configs) == 1 else [f"{phase}#{i}" for i in range(len(configs))]
+            for label, cfg in zip(labels, configs, strict=True):
+                configurations[label] = _perm(layout, cfg)
+            phases[phase] = tuple(labels)
+            names[phase] = [labels[c] for c in colour]
+        return cls(layout, configurations, phases, **policy), names
+
+
+def _ring(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return members.ravel(), np.roll(members, -1, axis=1).ravel()
+
+
+def runtime_plan(layout: Layout, **policy) -> Plan:
+    """The plan for the traffic the torch backend sees: a ring over every group of each dimension
+    (gloo's and NCCL's large-message collective) and the pipeline chain in both directions."""
+    requirements: dict[str, list[Circuits]] = {}
+    for dim in (Dim.CP, Dim.EP, Dim.DP):
+        if layout.degree(dim) > 1:
+            requirements[dim.value] = [rail_circuits(layout, *_ring(layout.groups(dim)))]
+    if layout.pp > 1:
+        stride = layout.stride(Dim.PP)
+        reqs = []
+        for stage in range(layout.pp):
+            ranks = layout.stage_ranks(stage)
+            if stage < layout.pp - 1:
+                reqs.append(rail_circuits(layout, ranks, ranks + stride))
+            if stage > 0:
+                reqs.append(rail_circuits(layout, ranks, ranks - stride))
+        requirements[Dim.PP.value] = reqs
+    return Plan.from_requirements(layout, requirements, **policy)[0]
