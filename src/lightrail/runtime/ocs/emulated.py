@@ -1,11 +1,15 @@
-"""An emulated optical circuit switch: the configuration in a dict, a fixed reconfiguration delay, no I/O."""
+"""An emulated optical circuit switch: the simulator's circuit-state model
+(:class:`~lightrail.fabric.circuits.CircuitState`) behind the driver interface, a fixed delay, no I/O."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 from lightrail.errors import ScenarioError
+from lightrail.fabric.circuits import CircuitState
 from lightrail.runtime.ocs.driver import Changes, changed_ports, validate_changes
 
 __all__ = ["EmulatedOCS"]
@@ -62,21 +66,32 @@ class EmulatedOCS:
         self.reconfigurations = 0
         self.circuit_changes = 0
         self.last_changed: set[int] = set()
-        self._circuits: dict[int, int] = {}
+        self.circuits = CircuitState(1, ports, self.delay_s)  # the same model the simulator's rails use
 
     def __repr__(self) -> str:
         return (f"EmulatedOCS(name={self.name!r}, ports={self.ports}, delay_s={self.delay_s}, "
-                f"duplex={self.duplex}, lit={len(self._circuits)})")
+                f"duplex={self.duplex}, lit={len(self.state())})")
 
     def state(self) -> dict[int, int]:
-        return dict(self._circuits)
+        perm = self.circuits.tx_target[0]
+        lit = np.flatnonzero(perm >= 0)
+        return dict(zip(lit.tolist(), perm[lit].tolist(), strict=True))
+
+    def lit_at(self) -> float:
+        """When the last change's circuits are lit (the largest dark-until over the ports)."""
+        return float(max(self.circuits.tx_dark.max(), self.circuits.rx_dark.max()))
+
+    def _perm(self, config: Mapping[int, int]) -> np.ndarray:
+        perm = np.full(self.ports, -1, np.int64)
+        perm[list(config)] = list(config.values())
+        return perm
 
     def validate(self, changes: Changes) -> dict[int, int]:
-        return validate_changes(self._circuits, changes, ports=self.ports, duplex=self.duplex,
+        return validate_changes(self.state(), changes, ports=self.ports, duplex=self.duplex,
                                 allow_loopback=self.allow_loopback, device=self.name)
 
     def changed_ports(self, changes: Changes) -> set[int]:
-        inputs, outputs = changed_ports(self._circuits, self.validate(changes))
+        inputs, outputs = changed_ports(self.state(), self.validate(changes))
         return inputs | outputs
 
     def apply(self, changes: Changes, now: float) -> float:
@@ -84,15 +99,18 @@ class EmulatedOCS:
             raise ScenarioError(f"now must be a finite time in seconds, got {now!r}", field="now",
                                 fix="pass time.monotonic()")
         after = self.validate(changes)
-        inputs, outputs = changed_ports(self._circuits, after)
-        if not inputs:
+        lit, inputs, outputs = self.circuits.configure(0, self._perm(after), float(now))
+        if not len(inputs):
             return now
-        self._circuits = after
         self.reconfigurations += 1
         self.circuit_changes += len(inputs)
-        self.last_changed = inputs | outputs
-        return now + self.delay_s
+        self.last_changed = set(inputs.tolist()) | set(outputs.tolist())
+        return lit
 
     def restore(self, state: Mapping[int, int]) -> None:
-        self._circuits = validate_changes({}, state, ports=self.ports, duplex=self.duplex,
-                                          allow_loopback=self.allow_loopback, device=self.name)
+        config = validate_changes({}, state, ports=self.ports, duplex=self.duplex,
+                                  allow_loopback=self.allow_loopback, device=self.name)
+        self.circuits = CircuitState(1, self.ports, self.delay_s)
+        self.circuits.tx_target[0] = self._perm(config)
+        lit = np.flatnonzero(self.circuits.tx_target[0] >= 0)
+        self.circuits.rx_source[0, self.circuits.tx_target[0, lit]] = lit
