@@ -41,9 +41,18 @@ def test_simulate_json_has_the_promised_keys_and_consistent_values(tmp_path):
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     for key in ("iteration_time_s", "baseline_iteration_time_s", "overhead", "reconfigurations_per_iteration",
-                "power_ratio", "cost_ratio"):
+                "power_ratio", "cost_ratio", "overhead_breakdown_s", "controller_round_trips_per_iteration"):
         assert key in out
     assert out["overhead"] == pytest.approx(out["iteration_time_s"] / out["baseline_iteration_time_s"] - 1)
+    # the breakdown adds up to the photonic minus the electrical iteration, for the run and every ablation row
+    assert set(out["overhead_breakdown_s"]) == {"switching_delay_s", "drain_wait_s", "control_plane_s",
+                                                "lost_overlap_s"}
+    assert sum(out["overhead_breakdown_s"].values()) == pytest.approx(
+        out["iteration_time_s"] - out["baseline_iteration_time_s"], rel=1e-9, abs=1e-12)
+    for row in out["ablation"]:
+        assert sum(row["overhead_breakdown_s"].values()) == pytest.approx(
+            row["iteration_time_s"] - out["baseline_iteration_time_s"], rel=1e-9, abs=1e-12)
+    assert out["ablation"][0]["controller_round_trips_per_iteration"] > out["controller_round_trips_per_iteration"]
     assert out["power_ratio"] > 1 and out["cost_ratio"] > 1
     assert out["ablation"][-1]["iteration_time_s"] == pytest.approx(out["iteration_time_s"])  # all knobs = default
     assert json.loads((tmp_path / "summary.json").read_text()) == out
@@ -66,7 +75,10 @@ def test_delay_and_mode_overrides(tmp_path):
     fast = json.loads(run("simulate", TINY, "--delay", "0", "--out", tmp_path, "--json").output)
     assert slow["reconfig_delay_s"] == 0.1 and slow["mode"] == "on_demand"
     assert slow["iteration_time_s"] > fast["iteration_time_s"]
-    assert fast["iteration_time_s"] == pytest.approx(fast["ideal_iteration_time_s"])
+    # at zero delay the photonic rail is the ideal one plus its controller round trips
+    assert fast["overhead_breakdown_s"]["switching_delay_s"] == 0
+    assert fast["iteration_time_s"] - fast["ideal_iteration_time_s"] == pytest.approx(
+        fast["overhead_breakdown_s"]["control_plane_s"], abs=1e-12)
 
 
 def test_sweep_rows_cover_every_delay_and_mode(tmp_path):

@@ -7,7 +7,7 @@ is a :class:`ScenarioError` naming the field (``parallel.tp``, ``ocs.reconfig_de
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lightrail.control.opus import OpusParams
 from lightrail.errors import ScenarioError
 from lightrail.sim.cost import CostFacts
-from lightrail.sim.iteration import RailFabric
+from lightrail.sim.iteration import CHECK_IN_RTT, COMMAND_LATENCY, RailFabric
 from lightrail.units import parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
 from lightrail.workload.hardware import GPU, gpu
@@ -47,6 +47,11 @@ class ClusterSection(_Strict):
     nvlink_bandwidth: str | None = Field(None, description="NVLink rate per GPU per direction (default: the GPU's).")
     latency: str = Field("1us", description="Latency per hop.")
     alpha: str = Field("3us", description="Start-up cost per collective step.")
+    peak_tflops: float | None = Field(None, gt=0, description="Dense BF16 peak of one GPU in TFLOP/s (default: the "
+                                                               "GPU preset's); e.g. a measured CPU rate.")
+    routing: Literal["pxn", "ecmp"] = Field("pxn", description="Electrical rails: NCCL's PXN (a flow uses the rail "
+                                                               "of its destination GPU, as photonic rails do) or "
+                                                               "ECMP over both rails of a cross-rail flow.")
 
 
 class ParallelSection(_Strict):
@@ -64,15 +69,24 @@ class JobSection(_Strict):
     zero: bool = Field(False, description="Data parallel sync as reduce-scatter + all-gather (ZeRO).")
     dp_buckets: int = Field(4, description="Gradient buckets overlapping the last backward.")
     grad_bytes: int = Field(2, description="Bytes per gradient element in the sync (2 = bf16).")
+    schedule: Literal["1f1b", "gpipe"] = Field("1f1b", description="Pipeline schedule: 1F1B (Megatron) or GPipe "
+                                                                   "(all forwards, then all backwards).")
 
 
 class OcsSection(_Strict):
     reconfig_delay: str = Field("10ms", description="OCS reconfiguration delay (MEMS: 10-25 ms).")
-    mode: Literal["on_demand", "provisioned"] = Field("provisioned", description="When to reconfigure.")
+    check_in_rtt: str = Field(f"{CHECK_IN_RTT * 1e3:g}ms", description="Round trip of a rank's check-in with the "
+                              "controller (default: lightrail's controller, measured; see sim/iteration.py).")
+    command_latency: str = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision to "
+                                 "the start of a reconfiguration (default: measured, see sim/iteration.py).")
+    mode: Literal["on_demand", "provisioned", "on-demand"] = Field("provisioned", description="When to reconfigure: "
+                                                                   "on-demand (or on_demand) or provisioned.")
     partial: bool = Field(True, description="Reconfigure only the ports that change (Opus: whole switch).")
     skip_present: bool = Field(True, description="Skip a reconfiguration when the circuits are already there.")
     split_pp: bool = Field(True, description="Forward pipeline traffic on even rails, backward on odd rails.")
     defer_dp: bool = Field(True, description="Run gradient buckets after the last pipeline send, as one phase.")
+    leases: bool = Field(True, description="A group keeps its circuits across ops until another phase needs them "
+                                           "(Opus: every op checks in with the controller).")
 
 
 class Scenario(_Strict):
@@ -94,14 +108,19 @@ class Scenario(_Strict):
         nic = parse_rate(c.rail_bandwidth, field="cluster.rail_bandwidth") if c.rail_bandwidth else accel.nic_bandwidth
         nvl = parse_rate(c.nvlink_bandwidth, field="cluster.nvlink_bandwidth") if c.nvlink_bandwidth \
             else accel.nvlink_bandwidth
+        if c.peak_tflops is not None:
+            accel = replace(accel, peak_flops=c.peak_tflops * 1e12)
         layout = Layout.from_degrees(c.gpus, gpus_per_server=c.gpus_per_server, **self.parallel.model_dump())
         job = TrainingJob(model=model, layout=layout, gpu=accel, **self.job.model_dump())
         fabric = RailFabric(kind="photonic", reconfig_delay=parse_time(self.ocs.reconfig_delay,
                                                                        field="ocs.reconfig_delay"),
                             nic_bandwidth=nic, nvlink_bandwidth=nvl,
                             latency=parse_time(c.latency, field="cluster.latency"),
-                            alpha=parse_time(c.alpha, field="cluster.alpha"))
-        params = OpusParams(**self.ocs.model_dump(exclude={"reconfig_delay"}))
+                            alpha=parse_time(c.alpha, field="cluster.alpha"), routing=c.routing,
+                            check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
+                            command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"))
+        knobs = self.ocs.model_dump(exclude={"reconfig_delay", "check_in_rtt", "command_latency"})
+        params = OpusParams(**{**knobs, "mode": knobs["mode"].replace("-", "_")})
         known = {f.name for f in fields(CostFacts)}
         unknown = sorted(set(self.costs) - known)
         if unknown:

@@ -3,26 +3,32 @@
 Every rail of a rail-optimized cluster is an optical circuit switch whose ports are the rail's
 NICs, one per server. A circuit joins one NIC's transmitter to another NIC's receiver, so a port
 talks to one peer at a time and the rail is time-multiplexed between phases (Opus, arXiv
-2507.08119). The phase of an op is known from its group's dimension (tp, cp, ep, dp, pp), online,
-with no profiling pass.
+2507.08119). The phase of an op is its parallelism dimension (tp, cp, ep, pp, dp), known online
+from its group, with no profiling pass.
 
-Circuits of an op follow from its traffic: a transfer between GPUs on different servers crosses
-the rail of the destination GPU (NCCL's PXN: NVLink to the GPU on the right rail first), so it
-needs the circuit (rail of dst, server of src -> server of dst). A collective whose circuits do
-not form a partial permutation on a rail (an all-to-all across servers) is split into parts, each
-a matching, run one after the other.
+Circuits of an op follow from its traffic (``control/plan.py``: PXN, a transfer crosses the rail of
+its destination GPU). A collective whose circuits do not form a partial permutation on a rail (an
+all-to-all across servers) is split into parts, each a matching, run one after the other. A phase's
+configuration on a rail is the union of its ops' circuits, split into the fewest matchings only
+where the union is not one (Opus section 4: pipeline forward and backward between the same two
+servers are one configuration; a middle stage of PP >= 4 needs two).
 
-Policy knobs (``OpusParams``), the original first and lightrail's improvements after:
-- ``mode``: reconfigure *on demand* when a phase's first op arrives, or *provisioned* as soon as the
-  previous phase's last op on those ports completes, hiding the delay behind compute;
-- ``partial``: reconfigure only the ports whose circuits change (the original rewrites the whole
-  rail switch to the phase's configuration and waits for the whole rail to drain);
+Policy knobs (``OpusParams``), the published Opus first (``ORIGINAL``), lightrail's after:
+- ``mode``: reconfigure *on demand* when a phase's first op checks in, or *provisioned* once the
+  previous phase's last op released (the controller learns the next phase then, not earlier),
+  hiding the delay behind compute. Both are Opus's.
+- Opus reconfigures the whole rail switch (drain the rail, rewrite it to the configuration, wait
+  the delay) when the next op's configuration differs from what the rail holds, and every
+  collective and send/recv checks in with the controller before it runs;
+- ``partial``: reconfigure only the ports whose circuits change;
 - ``skip_present``: keep the switch as it is when the next op's circuits are already there;
 - ``split_pp``: serve pipeline forward traffic on half the rails and backward on the other half,
   so a middle stage never has to swing its ports between its two neighbours (PXN spreads a
   stage's traffic over the rails of its direction);
 - ``defer_dp``: run the data-parallel gradient buckets after the stage's last pipeline send, as one
-  phase, instead of interleaving them with the last backward.
+  phase, instead of interleaving them with the last backward;
+- ``leases``: a group holds its circuits across ops until another phase needs the ports (the
+  controller revokes the lease), so only a change of phase costs a controller round trip.
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ from typing import Literal
 import numpy as np
 
 from lightrail.collectives import generate
-from lightrail.errors import InfeasibleError, ScenarioError
+from lightrail.control.plan import NO_CIRCUITS, Circuits, Plan, is_matching, rail_circuits, union
+from lightrail.errors import ScenarioError
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.workload.parallel import Dim, Layout
-from lightrail.workload.program import Collective, Op, Send
+from lightrail.workload.program import Collective, Op, Program, Send
 
-__all__ = ["OpusParams", "OpusPlanner", "Requirement", "ORIGINAL", "LIGHTRAIL", "is_rail_configuration"]
+__all__ = ["OpusParams", "OpusPlanner", "Requirement", "ORIGINAL", "LIGHTRAIL", "KNOBS", "is_rail_configuration"]
 
 Mode = Literal["on_demand", "provisioned"]
 
@@ -52,6 +59,7 @@ class OpusParams:
     skip_present: bool = True
     split_pp: bool = True
     defer_dp: bool = True
+    leases: bool = True
 
     def __post_init__(self):
         if self.mode not in ("on_demand", "provisioned"):
@@ -59,14 +67,18 @@ class OpusParams:
 
     @property
     def label(self) -> str:
-        knobs = [k for k in ("partial", "skip_present", "split_pp", "defer_dp") if getattr(self, k)]
+        knobs = [k for k in KNOBS if getattr(self, k)]
         return f"{self.mode}" + (f" +{'+'.join(knobs)}" if knobs else " (original)")
 
 
-ORIGINAL = OpusParams(partial=False, skip_present=False, split_pp=False, defer_dp=False)
-"""The published Opus policy: whole-switch reconfiguration at every phase change."""
+KNOBS = ("skip_present", "partial", "split_pp", "defer_dp", "leases")
+"""lightrail's improvements over the published policy, in the order the ablation adds them."""
+ORIGINAL = OpusParams(partial=False, skip_present=False, split_pp=False, defer_dp=False, leases=False)
+"""The published Opus policy (arXiv 2507.08119 sections 4-5): phases are parallelism dimensions, the whole
+rail switch is rewritten when the next op's configuration differs from the rail's, every op checks in."""
 LIGHTRAIL = OpusParams()
-"""lightrail's default: every improvement on (partial, skip-if-present, split pipeline rails, deferred DP)."""
+"""lightrail's default: every improvement on (skip-if-present, partial, split pipeline rails, deferred DP,
+leases)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,12 +86,13 @@ class Requirement:
     """What one communication op (or one part of it) needs from the rails.
 
     ``transfers`` are the (src, dst) rank pairs of each of its steps (all groups of the stage at
-    once); ``circuits`` are (rail, tx_server, rx_server) arrays; ``phase`` names the configuration.
+    once); ``circuits`` are (rail, tx_server, rx_server) arrays; ``phase`` is the name of the plan's
+    configuration that serves it (the dimension, or ``"pp#1"`` where the phase splits).
     """
 
     phase: str
     steps: tuple[tuple[np.ndarray, np.ndarray], ...]
-    circuits: tuple[np.ndarray, np.ndarray, np.ndarray]
+    circuits: Circuits
 
     @property
     def ncircuits(self) -> int:
@@ -90,124 +103,116 @@ def _schedule_name(kind: str) -> tuple[str, str]:
     return (kind, "pairwise") if kind == "alltoall" else (kind, "ring")
 
 
+def _comm_ops(program: Program):
+    for stage, ops in enumerate(program.stages):
+        for op in ops:
+            if isinstance(op, (Collective, Send)):
+                yield stage, op
+
+
 class OpusPlanner:
-    """Circuits per op and per phase for one job layout; pure and cached."""
+    """Circuits per op and the Plan for one job layout; pure and cached.
+
+    :meth:`plan` must see the program before :meth:`requirements` names an op's configuration;
+    until then each requirement is named by its dimension.
+    """
 
     def __init__(self, layout: Layout, params: OpusParams = LIGHTRAIL):
         self.layout = layout
         self.params = params
         self._cache: dict = {}
+        self._names: dict = {}  # requirement key -> configuration name, filled by plan()
 
-    # -- traffic -> circuits ----------------------------------------------------------------------------
-    def _circuits(self, src: np.ndarray, dst: np.ndarray, rails: np.ndarray | None = None):
-        """Unique circuits (rail, tx_server, rx_server) that cross-server transfers need."""
-        lay = self.layout
-        s_srv, d_srv = lay.server(src), lay.server(dst)
-        cross = s_srv != d_srv
-        s_srv, d_srv = s_srv[cross], d_srv[cross]
-        if rails is None:  # PXN: each transfer rides the rail of its destination GPU
-            rail = lay.rail(dst[cross])
-        else:  # every server pair gets a circuit on each of the given rails
-            pairs = np.unique(np.stack([s_srv, d_srv]), axis=1) if len(s_srv) else np.zeros((2, 0), int)
-            rail = np.repeat(rails, pairs.shape[1])
-            s_srv, d_srv = np.tile(pairs[0], len(rails)), np.tile(pairs[1], len(rails))
-        if not len(rail):
-            return (np.zeros(0, np.int64),) * 3
-        key = np.unique((rail * lay.servers + s_srv) * lay.servers + d_srv)
-        return key // lay.servers**2, key // lay.servers % lay.servers, key % lay.servers
-
-    def _is_matching(self, circuits) -> bool:
-        rail, tx, rx = circuits
-        txk, rxk = rail * self.layout.servers + tx, rail * self.layout.servers + rx
-        return len(np.unique(txk)) == len(txk) and len(np.unique(rxk)) == len(rxk)
-
-    def _union(self, a, b):
-        if not len(a[0]):
-            return b
-        s = self.layout.servers
-        key = np.unique(np.concatenate([(a[0] * s + a[1]) * s + a[2], (b[0] * s + b[1]) * s + b[2]]))
-        return key // s**2, key // s % s, key % s
-
-    def _stage_groups(self, dims: tuple[Dim, ...], stage: int) -> np.ndarray:
-        groups = self.layout.groups_over(dims)
-        size = self.layout.world // self.layout.pp
-        return groups[(groups[:, 0] // size) == stage]
+    @staticmethod
+    def _key(op: Op, stage: int) -> tuple:
+        return (getattr(op, "group_dims", op.dim), getattr(op, "kind", "send"), getattr(op, "offset", 0), stage)
 
     def requirements(self, op: Op, stage: int) -> tuple[Requirement, ...]:
-        """The parts of a communication op at ``stage``, each with its transfers and circuits."""
-        key = (getattr(op, "group_dims", op.dim), getattr(op, "kind", "send"), getattr(op, "offset", 0), stage)
+        """The parts of a communication op at ``stage``, each with its transfers, circuits and configuration."""
+        key = self._key(op, stage)
         if key not in self._cache:
-            self._cache[key] = self._requirements(op, stage)
+            parts = self._parts(op, stage)
+            names = self._names.get(key)
+            if names is not None:
+                parts = [(name, steps, circuits) for name, (_, steps, circuits) in zip(names, parts, strict=True)]
+            self._cache[key] = tuple(Requirement(*p) for p in parts)
         return self._cache[key]
 
-    def _requirements(self, op: Op, stage: int) -> tuple[Requirement, ...]:
+    def _parts(self, op: Op, stage: int) -> list[tuple[str, tuple, Circuits]]:
         lay = self.layout
+        phase = op.dim.value
         if isinstance(op, Send):
             src = lay.stage_ranks(stage)
             dst = src + op.offset * lay.stride(Dim.PP)
-            direction = "fwd" if op.offset > 0 else "bwd"
             rails = None
             if self.params.split_pp and lay.gpus_per_server > 1:
-                g = lay.gpus_per_server
-                rails = np.arange(0 if op.offset > 0 else 1, g, 2)
-            return (Requirement(f"pp-{direction}", ((src, dst),), self._circuits(src, dst, rails)),)
+                rails = np.arange(0 if op.offset > 0 else 1, lay.gpus_per_server, 2)
+            return [(phase, ((src, dst),), rail_circuits(lay, src, dst, rails))]
         if not isinstance(op, Collective):
             raise TypeError(f"{op!r} is not a communication op")
-        groups = self._stage_groups(op.group_dims, stage)
-        # the phase is named by the dimensions the group really spans ("dp", "ep+dp", ...)
-        spanned = [d.value for d in op.group_dims if lay.degree(d) > 1] or [op.dim.value]
-        phase = "+".join(spanned)
+        groups = lay.groups_over(op.group_dims)
+        groups = groups[(groups[:, 0] // (lay.world // lay.pp)) == stage]
         kind, algo = _schedule_name(op.kind)
-        schedule = generate(kind, algo, groups.shape[1]) if groups.shape[1] > 1 else None
         k = groups.shape[1]
+        schedule = generate(kind, algo, k) if k > 1 else None
         # Greedy: extend a part while its circuits stay one matching per rail. Steps with the same
         # pairs as the previous one (every step of a ring) add nothing and are not recomputed.
-        parts: list[Requirement] = []
+        parts: list = []
         current: list = []
-        circuits = (np.zeros(0, np.int64),) * 3
-        last_key = None
+        circuits, last_key = NO_CIRCUITS, None
         for st in (schedule.steps if schedule is not None else ()):
             codes = np.unique(st.src.astype(np.int64) * k + st.dst)
             src, dst = groups[:, codes // k].ravel(), groups[:, codes % k].ravel()
             key = codes.tobytes()
             if key != last_key:
-                step_circuits = self._circuits(src, dst)
-                merged = self._union(circuits, step_circuits)
-                if current and not self._is_matching(merged):
-                    parts.append(Requirement(phase, tuple(current), circuits))
+                step_circuits = rail_circuits(lay, src, dst)
+                merged = union(lay, circuits, step_circuits)
+                if current and not is_matching(lay, merged):
+                    parts.append((phase, tuple(current), circuits))
                     current, merged = [], step_circuits
                 circuits, last_key = merged, key
             current.append((src, dst))
         if current or not parts:
-            parts.append(Requirement(phase, tuple(current), circuits))
-        if len(parts) > 1:
-            parts = [Requirement(f"{p.phase}#{i}", p.steps, p.circuits) for i, p in enumerate(parts)]
-        return tuple(parts)
+            parts.append((phase, tuple(current), circuits))
+        return parts
 
-    # -- per-rail configurations ----------------------------------------------------------------------
+    # -- the plan --------------------------------------------------------------------------------------
+    def plan(self, program: Program) -> Plan:
+        """The Plan of ``program``: per phase, the union of its requirements in the order the traffic
+        needs them (stage by stage, op by op), split into matchings only where needed; requirements
+        are then named by the configuration that serves them."""
+        order: dict[str, list[tuple]] = {}
+        for stage, op in _comm_ops(program):
+            key = self._key(op, stage)
+            keys = order.setdefault(op.dim.value, [])
+            if key not in keys:
+                keys.append(key)
+                self._cache.setdefault(key, tuple(Requirement(*p) for p in self._parts(op, stage)))
+        requirements = {phase: [req.circuits for key in keys for req in self._cache[key]]
+                        for phase, keys in order.items()}
+        requirements = {phase: reqs for phase, reqs in requirements.items() if any(len(r[0]) for r in reqs)}
+        plan, names = Plan.from_requirements(self.layout, requirements, mode=self.params.mode,
+                                             whole_switch=not self.params.partial, leases=self.params.leases)
+        for phase, keys in order.items():
+            labels = iter(names.get(phase, ()))
+            for key in keys:
+                reqs = self._cache[key]
+                if phase in names:
+                    self._names[key] = [next(labels) for _ in reqs]
+                    self._cache[key] = tuple(Requirement(n, r.steps, r.circuits)
+                                             for n, r in zip(self._names[key], reqs, strict=True))
+        return plan
+
     def phase_configurations(self, ops_by_stage) -> dict[str, np.ndarray]:
-        """Per phase, the rail configuration as ``perm[rail, tx_server] = rx_server`` (-1: dark).
+        """Per configuration name, ``perm[rail, tx_server] = rx_server`` (-1: dark): what the original
+        Opus installs on the whole rail switch when that configuration's phase begins."""
+        program = ops_by_stage if isinstance(ops_by_stage, Program) else _Ops(tuple(ops_by_stage))
+        return self.plan(program).configurations
 
-        The union over every stage's ops of that phase: what the original Opus installs on the
-        whole rail switch when the phase begins.
-        """
-        lay = self.layout
-        out: dict[str, np.ndarray] = {}
-        for stage, ops in enumerate(ops_by_stage):
-            for op in ops:
-                if not isinstance(op, (Collective, Send)):
-                    continue
-                for req in self.requirements(op, stage):
-                    perm = out.setdefault(req.phase, np.full((lay.gpus_per_server, lay.servers), -1, np.int64))
-                    rail, tx, rx = req.circuits
-                    clash = (perm[rail, tx] >= 0) & (perm[rail, tx] != rx)
-                    if np.any(clash):
-                        i = int(np.flatnonzero(clash)[0])
-                        raise InfeasibleError(f"phase {req.phase} needs two circuits from server {tx[i]} on rail "
-                                              f"{rail[i]}", field="parallel",
-                                              fix="this layout's phase is not one matching per rail")
-                    perm[rail, tx] = rx
-        return out
+
+@dataclass(frozen=True)
+class _Ops:
+    stages: tuple
 
 
 def is_rail_configuration(perm: np.ndarray) -> bool:

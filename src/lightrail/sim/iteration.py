@@ -1,4 +1,4 @@
-"""Event-driven execution of one training iteration on electrical or photonic rails.
+"""Event-driven execution of one training iteration on electrical or photonic rails, under a Plan.
 
 Actors are pipeline stages: every rank of a stage runs the same op list at the same times on a
 symmetric fabric, so one actor stands for all of them and each communication op is charged for
@@ -6,14 +6,23 @@ all its concurrent groups at once (DESIGN.md: "all concurrently active groups of
 together"). Ops run in global time order from a priority queue (ties broken by insertion
 order), which is what lets the circuit state be decided causally:
 
-- a collective or send first waits for its circuits. On photonic rails a missing circuit is
-  installed by reconfiguring the rail switch: not while a changing port still carries traffic,
-  and the changed ports stay dark for the switch's delay (the whole rail, for the original
-  whole-switch policy). Then it runs for the time the engine gives on the state graph of its
-  circuits (NVLink plus those circuits; electrical rails use the rail switches instead);
+- a collective or send first checks in with the controller (Opus: before every op; with leases:
+  only when its stage holds no lease on the op's configuration), then waits for its circuits. On
+  photonic rails a missing circuit is installed by the Plan's policy: the whole rail switch
+  rewritten to the op's configuration (Opus) or only the changed ports; not while a changing port
+  still carries traffic (the controller learns a port is free when its release arrives, or, for a
+  port another stage leases, once the revoke is acknowledged), after the controller's command
+  latency, and the changed ports stay dark for the switch's delay. Then it runs for the time the
+  engine gives on the state graph of its circuits (NVLink plus those circuits; electrical rails
+  use the rail switches instead);
 - a receive waits for its matching send (blocking sends; FIFO per stage pair);
 - ops whose circuits are lit run at once, each timed on its own (their communicators share the
   links; contention between different phases' ops is not charged, the same on every fabric).
+
+Control-plane timing (``RailFabric.check_in_rtt``, ``command_latency``): a check-in is a round trip;
+a request or release reaches the controller after half of it; the controller decides (on demand:
+when the first op of a phase checks in; provisioned: when the previous phase's last op released,
+not earlier) and the switch starts ``command_latency`` later.
 
 The reported iteration is the second of two run back to back, so the rails start in the state the
 previous iteration left them in (steady state), not empty.
@@ -29,14 +38,25 @@ from typing import Literal
 import numpy as np
 
 from lightrail.control.opus import LIGHTRAIL, OpusParams, OpusPlanner, Requirement
+from lightrail.control.plan import Plan
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, photonic_rails, rails
+from lightrail.fabric.circuits import CircuitState
 from lightrail.timing import Engine
 from lightrail.workload.program import Collective, Compute, Program, Recv, Send
 
-__all__ = ["RailFabric", "TraceEvent", "IterationResult", "simulate_iteration"]
+__all__ = ["RailFabric", "TraceEvent", "IterationResult", "simulate_iteration", "CHECK_IN_RTT", "COMMAND_LATENCY"]
 
 FabricKind = Literal["electrical", "photonic", "ideal"]
+
+CHECK_IN_RTT = 0.42e-3
+"""A rank's round trip to the controller: request to grant with the circuits present, p50 over 1,600
+acquires at 8 ranks on loopback, measured with `.venv/bin/python benchmarks/bench_controller.py --rounds 200`
+(`same_pairs_8`: 0.42 ms p50, 1.26 ms p99; 2 cores)."""
+COMMAND_LATENCY = 0.93e-3
+"""The controller's own cost of a reconfiguration (change set, busy-port checks, SQLite commit, apply task):
+the same benchmark's p50 when every round reconfigures with zero OCS delay (`flip_8`: 1.35 ms) minus the
+round trip above (0.42 ms)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,18 +72,39 @@ class RailFabric:
     """Per hop (link) latency in seconds."""
     alpha: float = 3e-6
     """Start-up cost per collective step in seconds."""
+    check_in_rtt: float = CHECK_IN_RTT
+    """Round trip between a rank and the controller, in seconds (photonic only)."""
+    command_latency: float = COMMAND_LATENCY
+    """From the controller's decision to the start of the switch, in seconds (photonic only)."""
+    routing: Literal["pxn", "ecmp"] = "pxn"
+    """Electrical rails: NCCL's PXN (one rail per flow, as on photonic rails) or ECMP over two rails."""
+    drain: bool = True
+    """False only for the overhead breakdown's counterfactual: circuits switch even under traffic."""
 
     def __post_init__(self):
         if self.kind not in ("electrical", "photonic", "ideal"):
             raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
                                 fix="use electrical, photonic or ideal")
-        if self.reconfig_delay < 0:
-            raise ScenarioError(f"reconfig_delay={self.reconfig_delay}", field="fabric.reconfig_delay",
-                                fix="use 0 or more seconds")
+        for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
+            if getattr(self, name) < 0:
+                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"fabric.{name}",
+                                    fix="use 0 or more seconds")
+        if self.routing not in ("pxn", "ecmp"):
+            raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
 
     @property
     def delay(self) -> float:
         return self.reconfig_delay if self.kind == "photonic" else 0.0
+
+    @property
+    def rtt(self) -> float:
+        """Check-in round trip: photonic rails only (electrical rails need no controller; the ideal rail
+        is an ideal OCS with an ideal controller)."""
+        return self.check_in_rtt if self.kind == "photonic" else 0.0
+
+    @property
+    def command(self) -> float:
+        return self.command_latency if self.kind == "photonic" else 0.0
 
     @property
     def circuits(self) -> bool:
@@ -93,6 +134,11 @@ class IterationResult:
     reconfigurations_per_rail: list[int]
     events: list[TraceEvent] = field(repr=False, default_factory=list)
     stages: list[dict] = field(repr=False, default_factory=list)
+    control_s: float = 0.0
+    """Time a stage waits for controller round trips (check-ins), mean over stages."""
+    controller_round_trips_per_iteration: float = 0.0
+    """Check-ins per rank per iteration (every rank of a stage checks in for its groups), mean over ranks."""
+    plan: Plan | None = field(repr=False, default=None)
 
     @property
     def reconfigurations_per_iteration(self) -> float:
@@ -103,9 +149,10 @@ class IterationResult:
         return {
             "fabric": self.fabric, "policy": self.policy, "iteration_time_s": self.iteration_time_s,
             "compute_s": self.compute_s, "communication_s": self.communication_s,
-            "reconfiguration_s": self.reconfiguration_s, "bubble_s": self.bubble_s,
+            "reconfiguration_s": self.reconfiguration_s, "control_s": self.control_s, "bubble_s": self.bubble_s,
             "reconfigurations_per_iteration": self.reconfigurations_per_iteration,
             "reconfigurations_per_rail": self.reconfigurations_per_rail,
+            "controller_round_trips_per_iteration": self.controller_round_trips_per_iteration,
         }
 
 
@@ -139,7 +186,7 @@ class _Durations:
                                   nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency)
         else:
             topo = rails(len(servers) * g, gpus_per_server=g, nic_bandwidth=fab.nic_bandwidth,
-                         nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency)
+                         nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency, routing=fab.routing)
         engine = Engine(topo, alpha=fab.alpha)
         per_transfer = op.nbytes if isinstance(op, Send) else op.nbytes / self._group_size(op)
         return sum(engine.transfer_time(local(src), local(dst), per_transfer) for src, dst in req.steps)
@@ -149,91 +196,105 @@ class _Durations:
 
 
 class _Rails:
-    """Circuit state and port timing of every rail switch (ports are the rail's NICs, one per server)."""
+    """The rail switches executing a Plan: circuit state (:class:`CircuitState`, one device per rail,
+    one port per server), the configuration each rail holds, and the leases stages hold."""
 
-    def __init__(self, planner: OpusPlanner, fabric: RailFabric, phase_configs: dict):
-        lay = planner.layout
-        shape = (lay.gpus_per_server, lay.servers)
-        self.fabric, self.params = fabric, planner.params
-        self.tx_target = np.full(shape, -1, np.int64)
-        self.rx_source = np.full(shape, -1, np.int64)
-        self.tx_busy, self.rx_busy = np.zeros(shape), np.zeros(shape)
-        self.tx_dark, self.rx_dark = np.zeros(shape), np.zeros(shape)
-        self.phase = [None] * lay.gpus_per_server
-        self.phase_configs = phase_configs
-        self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, phase
+    def __init__(self, plan: Plan | None, fabric: RailFabric, params: OpusParams, layout):
+        shape = (layout.gpus_per_server, layout.servers)
+        self.plan, self.fabric, self.params = plan, fabric, params
+        self.state = CircuitState(*shape, fabric.delay)
+        self.holds: list[str | None] = [None] * shape[0]  # configuration each rail holds (whole switch)
+        self.tx_lease, self.rx_lease = np.full(shape, -1, np.int64), np.full(shape, -1, np.int64)
+        self.leased: dict[int, str] = {}  # stage -> configuration name it holds a lease on
+        self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
 
-    def ensure(self, req: Requirement, t: float, earliest: float) -> float:
-        """Make ``req``'s circuits present for an op that arrives at ``t``.
-
-        A missing circuit is switched in starting no earlier than ``earliest`` (``t`` on demand; the
-        end of the actor's previous phase when provisioned, since the next phase is known from the
-        program) and no earlier than the last use of any port it changes. Every use of those ports
-        before ``t`` is already known (events run in time order), so starting in the past is safe.
-        Returns when the circuits are lit. Ops that share lit circuits run concurrently (their
-        communicators share the links; each is timed on its own).
-        """
+    # -- leases ----------------------------------------------------------------------------------------
+    def has_lease(self, stage: int, req: Requirement) -> bool:
         rail, tx, rx = req.circuits
-        if not len(rail):
-            return t
-        lit = t
-        if self.fabric.circuits:
-            if self.params.partial:
-                self._ports(rail, tx, rx, earliest, req.phase)
-            else:
-                self._switch(rail, tx, rx, earliest, req.phase)
-            lit = max(t, self.tx_dark[rail, tx].max(), self.rx_dark[rail, rx].max())
-        return lit
+        return self.leased.get(stage) == req.phase and bool(np.all(self.state.present(rail, tx, rx)))
 
-    def occupy(self, req: Requirement, start: float, end: float) -> None:
+    def take_lease(self, stage: int, req: Requirement) -> None:
+        self._drop(stage)
         rail, tx, rx = req.circuits
-        np.maximum.at(self.tx_busy, (rail, tx), end)
-        np.maximum.at(self.rx_busy, (rail, rx), end)
+        self.tx_lease[rail, tx] = stage
+        self.rx_lease[rail, rx] = stage
+        self.leased[stage] = req.phase
 
-    def _switch(self, rail, tx, rx, t, phase) -> None:
-        """The original Opus: rewrite the whole rail switch to the phase's configuration."""
-        delay = self.fabric.delay
+    def _drop(self, stage: int) -> None:
+        self.leased.pop(stage, None)
+        self.tx_lease[self.tx_lease == stage] = -1
+        self.rx_lease[self.rx_lease == stage] = -1
+
+    def _revoke(self, tx_ports, rx_ports) -> None:
+        for stage in set(self.tx_lease[tx_ports].tolist()) | set(self.rx_lease[rx_ports].tolist()):
+            if stage >= 0:
+                self._drop(stage)
+
+    def _free(self, stage: int, tx_ports, rx_ports, decision: float) -> float:
+        """When the controller may switch these ports: their last traffic's release has arrived, and a
+        lease another stage holds on them was revoked and acknowledged."""
+        if not self.fabric.drain:
+            return 0.0
+        half = self.fabric.rtt / 2
+        busy = max(self.state.tx_busy[tx_ports].max(initial=0.0), self.state.rx_busy[rx_ports].max(initial=0.0))
+        free = busy + half
+        held = self.tx_lease[tx_ports], self.rx_lease[rx_ports]
+        if any(np.any((h >= 0) & (h != stage)) for h in held):  # revoke, the holder acks after its op
+            free = max(decision + half, busy) + half
+        return free
+
+    # -- switching -------------------------------------------------------------------------------------
+    def ensure(self, stage: int, req: Requirement, decision: float) -> float:
+        """Make ``req``'s circuits present; a change starts no earlier than ``decision`` (the controller's
+        decision plus its command latency) nor before its ports are free. Returns when they are lit."""
+        rail, tx, rx = req.circuits
+        if not len(rail) or not self.fabric.circuits:
+            return 0.0
+        if self.params.partial:
+            self._ports(stage, req, decision)
+        else:
+            self._switch(stage, req, decision)
+        return self.state.lit_at(rail, tx, rx)
+
+    def occupy(self, req: Requirement, end: float) -> None:
+        rail, tx, rx = req.circuits
+        self.state.occupy(rail, tx, rx, end)
+
+    def _switch(self, stage: int, req: Requirement, decision: float) -> None:
+        """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
+        rail, tx, rx = req.circuits
+        ports = np.arange(self.state.tx_target.shape[1])
         for r in np.unique(rail):
             sel = rail == r
-            present = bool(np.all(self.tx_target[r, tx[sel]] == rx[sel]))
-            if present and (self.phase[r] == phase or self.params.skip_present):
+            present = bool(np.all(self.state.present(r, tx[sel], rx[sel])))
+            if self.holds[r] == req.phase and present or present and self.params.skip_present:
                 continue
-            start = max(t, self.tx_busy[r].max(), self.rx_busy[r].max())  # drain the whole rail
-            new = self.phase_configs[phase][r]
-            changed = int(np.sum(new != self.tx_target[r]))
-            self.tx_target[r] = new
-            self.rx_source[r] = -1
-            lit = np.flatnonzero(new >= 0)
-            self.rx_source[r, new[lit]] = lit
-            self.tx_dark[r] = self.rx_dark[r] = start + delay
-            self.phase[r] = phase
-            self.reconfigs.append((int(r), start, start + delay, changed, phase))
+            new = self.plan.configurations[req.phase][r]
+            if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
+                self.holds[r] = req.phase
+                continue
+            start = max(decision, self._free(stage, (r, ports), (r, ports), decision))  # drain the whole rail
+            end, changed = self.state.rewrite(r, new, start)
+            self._revoke((r, ports), (r, ports))
+            self.holds[r] = req.phase
+            self.reconfigs.append((int(r), start, end, changed, req.phase))
 
-    def _ports(self, rail, tx, rx, t, phase) -> None:
+    def _ports(self, stage: int, req: Requirement, decision: float) -> None:
         """Partial reconfiguration: only ports whose circuits change go dark, each rail on its own."""
-        missing = self.tx_target[rail, tx] != rx
-        if not np.any(missing):
+        rail, tx, rx = req.circuits
+        (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = self.state.switched_ports(rail, tx, rx)
+        if not len(m_rail):
             return
-        rail, tx, rx = rail[missing], tx[missing], rx[missing]
-        delay = self.fabric.delay
-        old_rx = self.tx_target[rail, tx]  # our transmitters' current receivers
-        old_tx = self.rx_source[rail, rx]  # transmitters currently lighting the receivers we need
-        tx_rail = np.concatenate([rail, rail[old_tx >= 0]])
-        tx_port = np.concatenate([tx, old_tx[old_tx >= 0]])
-        rx_rail = np.concatenate([rail, rail[old_rx >= 0]])
-        rx_port = np.concatenate([rx, old_rx[old_rx >= 0]])
-        start = np.full(len(self.phase), float(t))  # per rail: no earlier than the last use of a changed port
-        np.maximum.at(start, tx_rail, self.tx_busy[tx_rail, tx_port])
-        np.maximum.at(start, rx_rail, self.rx_busy[rx_rail, rx_port])
-        self.tx_dark[tx_rail, tx_port] = start[tx_rail] + delay
-        self.rx_dark[rx_rail, rx_port] = start[rx_rail] + delay
-        counts = np.bincount(rail, minlength=len(self.phase))
+        start = np.full(len(self.holds), float(decision))
+        for r in np.unique(m_rail):
+            a, b = tx_rail == r, rx_rail == r
+            start[r] = max(decision, self._free(stage, (tx_rail[a], tx_port[a]), (rx_rail[b], rx_port[b]), decision))
+        self.state.apply(rail, tx, rx, start)
+        self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
+        counts = np.bincount(m_rail, minlength=len(self.holds))
         for r in np.flatnonzero(counts):
-            self.reconfigs.append((int(r), float(start[r]), float(start[r]) + delay, int(counts[r]), phase))
-        self.tx_target[rail[old_tx >= 0], old_tx[old_tx >= 0]] = -1
-        self.rx_source[rail[old_rx >= 0], old_rx[old_rx >= 0]] = -1
-        self.tx_target[rail, tx] = rx
-        self.rx_source[rail, rx] = tx
+            self.reconfigs.append((int(r), float(start[r]), float(start[r]) + self.fabric.delay, int(counts[r]),
+                                   req.phase))
 
 
 def simulate_iteration(program: Program, fabric: RailFabric, params: OpusParams = LIGHTRAIL, *,
@@ -249,11 +310,17 @@ def simulate_iteration(program: Program, fabric: RailFabric, params: OpusParams 
 class _Simulation:
     def __init__(self, program: Program, fabric: RailFabric, planner: OpusPlanner):
         self.program, self.fabric, self.planner = program, fabric, planner
+        self.plan = planner.plan(program) if fabric.circuits else None
         self.durations = _Durations(program, fabric)
-        configs = planner.phase_configurations(program.stages) if fabric.circuits and not planner.params.partial \
-            else {}
-        self.rails = _Rails(planner, fabric, configs)
+        self.rails = _Rails(self.plan, fabric, planner.params, program.job.layout)
         self.layout = program.job.layout
+
+    def _check_in(self, s: int, req: Requirement) -> bool:
+        """Does this op (part) ask the controller first? Opus: every op on the rails; leases: only when
+        the stage holds no lease on its configuration."""
+        if not self.fabric.circuits or not req.ncircuits:
+            return False
+        return not (self.planner.params.leases and self.rails.has_lease(s, req))
 
     def run(self, t0: float, *, record: bool) -> float:
         pp = self.layout.pp
@@ -271,12 +338,15 @@ class _Simulation:
         finish = [t0] * pp
         async_end = t0
         # bubble is derived in result(): the iteration minus what the stage was busy with
-        self.acc = [dict(compute=0.0, communication=0.0, reconfiguration=0.0) for _ in range(pp)]
+        self.acc = [dict(compute=0.0, communication=0.0, reconfiguration=0.0, control=0.0, round_trips=0)
+                    for _ in range(pp)]
         self.events: list = [] if record else None
         reconfig_mark = len(self.rails.reconfigs)
         for s in range(pp):
             push(t0, s)
         provisioned = self.planner.params.mode == "provisioned"
+        leases = self.planner.params.leases
+        rtt, command = self.fabric.rtt, self.fabric.command
         prior = list(self.prior) if hasattr(self, "prior") else [t0] * pp  # end of each actor's last rail op
         while queue:
             t, _, s = heapq.heappop(queue)
@@ -303,28 +373,44 @@ class _Simulation:
                 else:
                     waiting[key] = s  # woken by the matching send
                 continue
-            # a communication op (collective or send), possibly in several circuit parts
+            # a communication op (collective or send), possibly in several circuit parts; `count`
+            # back-to-back collectives each check in under Opus's per-op rule
             reqs = self.planner.requirements(op, s)
-            repeat = op.count if isinstance(op, Collective) and len(reqs) > 1 else 1
+            asynchronous = getattr(op, "asynchronous", False)
+            count = op.count if isinstance(op, Collective) else 1
+            repeat = count if len(reqs) > 1 or (not leases and any(r.ncircuits for r in reqs)) else 1
             now = t
             for _ in range(repeat):
                 for part, req in enumerate(reqs):
-                    ready = self.rails.ensure(req, now, min(prior[s], now) if provisioned else now)
                     seconds = self.durations.seconds(op, part, req)
-                    if len(reqs) == 1 and isinstance(op, Collective):
-                        seconds *= op.count
-                    if ready > now and not getattr(op, "asynchronous", False):
-                        self._event(track, f"circuits for {op.label}", "reconfiguration", now, ready - now)
-                        self.acc[s]["reconfiguration"] += ready - now
-                    self.rails.occupy(req, ready, ready + seconds)
-                    self._event(track if not getattr(op, "asynchronous", False) else f"stage {s} async",
-                                op.label, op.dim.value, ready, seconds)
+                    if repeat == 1 and isinstance(op, Collective):
+                        seconds *= count
+                    ready = now
+                    if self._check_in(s, req):
+                        self.acc[s]["round_trips"] += 1
+                        ask = min(prior[s], now) if provisioned else now  # when the controller learns the phase
+                        lit = self.rails.ensure(s, req, ask + rtt / 2 + command)
+                        ready = max(now + rtt, lit + rtt / 2 if lit > now else 0.0)
+                        if ready - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
+                            ready = now
+                        if leases:
+                            self.rails.take_lease(s, req)
+                        if not asynchronous:
+                            control = min(rtt, ready - now)
+                            self._event(track, f"check-in {op.label}", "control", now, control)
+                            self._event(track, f"circuits for {op.label}", "reconfiguration", now + control,
+                                        ready - now - control)
+                            self.acc[s]["control"] += control
+                            self.acc[s]["reconfiguration"] += ready - now - control
+                    self.rails.occupy(req, ready + seconds)
+                    self._event(track if not asynchronous else f"stage {s} async", op.label, op.dim.value, ready,
+                                seconds)
                     now = ready + seconds
-            if getattr(op, "asynchronous", False):
+            if asynchronous:
                 async_end = max(async_end, now)
                 end = t
             else:
-                self.acc[s]["communication"] += now - t  # includes the circuit wait, taken out in result()
+                self.acc[s]["communication"] += now - t  # includes the control and circuit waits, taken out later
                 end = now
             if isinstance(op, Send):
                 key = (s, s + op.offset)
@@ -336,7 +422,7 @@ class _Simulation:
             if any(req.ncircuits for req in reqs):  # ops that stay inside servers (tp) do not end a rail phase
                 prior[s] = max(prior[s], now)
             push(end, s)
-        end_time = max(max(finish), async_end, float(np.max(self.rails.tx_busy, initial=t0)))
+        end_time = max(max(finish), async_end, float(np.max(self.rails.state.tx_busy, initial=t0)))
         self.prior = prior
         if record:
             self.t0, self.t1 = t0, end_time
@@ -349,13 +435,15 @@ class _Simulation:
 
     def result(self, t0: float) -> IterationResult:
         total = self.t1 - self.t0
-        # communication counted above includes the reconfiguration wait; separate them
+        # communication counted above includes the control and reconfiguration waits; separate them
         stages = []
         for acc in self.acc:
-            comm = acc["communication"] - acc["reconfiguration"]
-            busy = acc["compute"] + comm + acc["reconfiguration"]
+            waits = acc["control"] + acc["reconfiguration"]
+            comm = acc["communication"] - waits
+            busy = acc["compute"] + comm + waits
             stages.append({"compute_s": acc["compute"], "communication_s": comm,
-                           "reconfiguration_s": acc["reconfiguration"], "bubble_s": max(0.0, total - busy)})
+                           "reconfiguration_s": acc["reconfiguration"], "control_s": acc["control"],
+                           "bubble_s": max(0.0, total - busy), "round_trips": acc["round_trips"]})
         per_rail = [0] * self.layout.gpus_per_server
         for rail, start, end, _, phase in self.reconfig_window:
             per_rail[rail] += 1
@@ -366,4 +454,5 @@ class _Simulation:
         return IterationResult(self.fabric.kind, label, total, mean["compute_s"], mean["communication_s"],
                                mean["reconfiguration_s"], mean["bubble_s"],
                                per_rail if self.fabric.circuits else [0] * self.layout.gpus_per_server,
-                               events, stages)
+                               events, stages, control_s=mean["control_s"],
+                               controller_round_trips_per_iteration=mean["round_trips"], plan=self.plan)

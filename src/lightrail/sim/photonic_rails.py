@@ -6,21 +6,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from lightrail.control.opus import ORIGINAL, OpusParams
+from lightrail.control.opus import KNOBS, ORIGINAL, OpusParams
 from lightrail.sim.cost import compare
 from lightrail.sim.iteration import IterationResult, RailFabric, simulate_iteration
 from lightrail.workload.program import build_program
 
-__all__ = ["ABLATION", "compare_rails", "delay_sweep"]
+__all__ = ["ABLATION", "BREAKDOWN", "compare_rails", "delay_sweep", "overhead_breakdown"]
 
-ABLATION: tuple[tuple[str, dict], ...] = (
-    ("opus (original)", {}),
-    ("+ skip if present", {"skip_present": True}),
-    ("+ partial reconfiguration", {"skip_present": True, "partial": True}),
-    ("+ split pipeline rails", {"skip_present": True, "partial": True, "split_pp": True}),
-    ("+ deferred DP buckets", {"skip_present": True, "partial": True, "split_pp": True, "defer_dp": True}),
-)
+_KNOB_LABELS = {"skip_present": "+ skip if present", "partial": "+ partial reconfiguration",
+                "split_pp": "+ split pipeline rails", "defer_dp": "+ deferred DP buckets", "leases": "+ leases"}
+ABLATION: tuple[tuple[str, dict], ...] = (("opus (original)", {}),) + tuple(
+    (_KNOB_LABELS[k], {j: True for j in KNOBS[: i + 1]}) for i, k in enumerate(KNOBS))
 """Policies from the published Opus to all of lightrail's improvements, each adding one."""
+
+BREAKDOWN = ("switching_delay_s", "drain_wait_s", "control_plane_s", "lost_overlap_s")
+"""Parts of the photonic overhead (``overhead_breakdown``), summing to photonic minus electrical time."""
 
 
 def _run(job, fabric: RailFabric, params: OpusParams) -> IterationResult:
@@ -32,6 +32,27 @@ def _electrical(job, fabric: RailFabric) -> IterationResult:
     return simulate_iteration(build_program(job), replace(fabric, kind="electrical"))
 
 
+def overhead_breakdown(job, fabric: RailFabric, params: OpusParams, photonic_s: float, electrical_s: float) -> dict:
+    """Photonic minus electrical iteration time, in named parts, by removing one cause at a time.
+
+    - ``control_plane_s``: what a zero-latency controller would save (check-in round trips and the
+      command latency);
+    - ``switching_delay_s``: then, what a zero-delay switch would save;
+    - ``drain_wait_s``: then, what switching under traffic would save (waiting for changing ports, or
+      the whole rail under Opus, to carry no traffic);
+    - ``lost_overlap_s``: the rest against electrical rails: the program the photonic policy runs
+      (deferred DP), phases that cannot share ports and circuit routing. It can be negative.
+
+    The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs).
+    """
+    quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0)
+    no_control = _run(job, quiet, params).iteration_time_s
+    no_delay = _run(job, replace(quiet, reconfig_delay=0.0), params).iteration_time_s
+    no_drain = _run(job, replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
+    return {"switching_delay_s": no_control - no_delay, "drain_wait_s": no_delay - no_drain,
+            "control_plane_s": photonic_s - no_control, "lost_overlap_s": no_drain - electrical_s}
+
+
 def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> dict:
     """Electrical rails (baseline), photonic rails with the scenario's policy, the ideal rail, the
     ablation of policies in the scenario's mode, and power and cost; one JSON-ready dict."""
@@ -40,17 +61,20 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
     electrical = _electrical(job, fabric)
     step("electrical")
     photonic = _run(job, fabric, params)
+    base = electrical.iteration_time_s
+    breakdown = overhead_breakdown(job, fabric, params, photonic.iteration_time_s, base)
     step("photonic")
     ideal = _run(job, replace(fabric, kind="ideal"), params)
     step("ideal")
-    base = electrical.iteration_time_s
     ablation = []
     for label, knobs in ABLATION:
         policy = replace(ORIGINAL, mode=params.mode, **knobs)
         r = _run(job, fabric, policy)
         ablation.append({"policy": label, "iteration_time_s": r.iteration_time_s,
                          "overhead": r.iteration_time_s / base - 1,
-                         "reconfigurations_per_iteration": r.reconfigurations_per_iteration})
+                         "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
+                         "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,
+                         "overhead_breakdown_s": overhead_breakdown(job, fabric, policy, r.iteration_time_s, base)})
         step(label)
     lay = job.layout
     costs = compare(lay.world, gpus_per_server=lay.gpus_per_server, rail_speed=built.rail_speed, facts=built.costs)
@@ -59,6 +83,9 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
         "layout": str(lay),
         "gpus": lay.world,
         "reconfig_delay_s": fabric.reconfig_delay,
+        "check_in_rtt_s": fabric.check_in_rtt,
+        "command_latency_s": fabric.command_latency,
+        "routing": fabric.routing,
         "mode": params.mode,
         "policy": params.label,
         "iteration_time_s": photonic.iteration_time_s,
@@ -67,6 +94,9 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
         "overhead": photonic.iteration_time_s / base - 1,
         "reconfigurations_per_iteration": photonic.reconfigurations_per_iteration,
         "reconfigurations_per_rail": photonic.reconfigurations_per_rail,
+        "overhead_breakdown_s": breakdown,
+        "controller_round_trips_per_iteration": photonic.controller_round_trips_per_iteration,
+        "plan": photonic.plan.summary() if photonic.plan is not None else {},
         "power_ratio": costs.power_ratio,
         "cost_ratio": costs.cost_ratio,
         "breakdown": {name: r.summary() for name, r in
@@ -81,17 +111,22 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
 
 def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[str] = ("on_demand", "provisioned"),
                 progress: Callable[[str], None] | None = None) -> dict:
-    """Overhead of photonic rails (scenario policy, and the original Opus) against the OCS delay."""
+    """Overhead of photonic rails (scenario policy, and the published Opus) against the OCS delay, with
+    each row's overhead broken down (``overhead_breakdown``)."""
     job, fabric, params = built.job, built.fabric, built.params
     base = _electrical(job, fabric).iteration_time_s
     rows = []
     for policy_name, policy in (("lightrail", params), ("opus", ORIGINAL)):
         for mode in modes:
             for delay in delays:
-                r = _run(job, replace(fabric, reconfig_delay=delay), replace(policy, mode=mode))
+                at, knobs = replace(fabric, reconfig_delay=delay), replace(policy, mode=mode)
+                r = _run(job, at, knobs)
                 rows.append({"delay_s": delay, "mode": mode.replace("_", "-"), "policy": policy_name,
                              "iteration_time_s": r.iteration_time_s, "overhead": r.iteration_time_s / base - 1,
-                             "reconfigurations_per_iteration": r.reconfigurations_per_iteration})
+                             "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
+                             "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,
+                             "overhead_breakdown_s": overhead_breakdown(job, at, knobs, r.iteration_time_s, base)})
                 if progress:
                     progress(f"{policy_name} {mode} {delay:g}s")
-    return {"scenario": built.scenario.name, "baseline_iteration_time_s": base, "rows": rows}
+    return {"scenario": built.scenario.name, "baseline_iteration_time_s": base, "routing": fabric.routing,
+            "check_in_rtt_s": fabric.check_in_rtt, "command_latency_s": fabric.command_latency, "rows": rows}

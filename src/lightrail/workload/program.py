@@ -101,6 +101,9 @@ class TrainingJob:
     """Gradient buckets; bucket k is launched when k/buckets of the last backward is done."""
     grad_bytes: int = 2
     """Bytes per gradient element in the data-parallel sync (bf16)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: ``"1f1b"`` (PipeDream-flush, Megatron's default) or ``"gpipe"`` (all forwards, then
+    all backwards in reverse micro-batch order)."""
 
     def __post_init__(self):
         m, lay = self.model, self.layout
@@ -121,6 +124,8 @@ class TrainingJob:
             (self.micro_batch_size >= 1, "job.micro_batch_size", f"{self.micro_batch_size}", "use 1 or more"),
             (self.dp_buckets >= 1, "job.dp_buckets", f"{self.dp_buckets} buckets", "use 1 or more"),
             (0 < self.mfu <= 1, "job.mfu", f"mfu={self.mfu}", "use a fraction in (0, 1], e.g. 0.4"),
+            (self.schedule in ("1f1b", "gpipe"), "job.schedule", f"unknown schedule {self.schedule!r}",
+             "use 1f1b or gpipe"),
         ]
         for name in ("micro_batches", "micro_batch_size", "dp_buckets", "grad_bytes"):
             value = getattr(self, name)
@@ -219,6 +224,14 @@ def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward
     return ops
 
 
+def _pipeline_order(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
+    """The stage's order of (micro-batch, is_backward): 1F1B, or GPipe (all forwards, then all backwards
+    from the last micro-batch down, as autograd frees them)."""
+    if job.schedule == "gpipe":
+        return [(j, False) for j in range(job.micro_batches)] + [(j, True) for j in reversed(range(job.micro_batches))]
+    return _one_f_one_b(job, stage)
+
+
 def _one_f_one_b(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
     """PipeDream-flush / Megatron 1F1B order of (micro-batch, is_backward) for a stage."""
     m, p = job.micro_batches, job.layout.pp
@@ -260,7 +273,7 @@ def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[Op]) -> lis
 
 
 def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
-    """Compile one 1F1B iteration of ``job`` into per-stage op lists.
+    """Compile one iteration of ``job`` (1F1B or GPipe, ``job.schedule``) into per-stage op lists.
 
     ``defer_dp`` moves the gradient buckets after the stage's last pipeline send, so they run as one
     phase at the end instead of overlapping the last backward (a photonic-rails planner choice).
@@ -268,7 +281,7 @@ def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
     stages = []
     for s in range(job.layout.pp):
         costs = _stage_costs(job, s)
-        order = _one_f_one_b(job, s)
+        order = _pipeline_order(job, s)
         ops: list[Op] = []
         for idx, (j, backward) in enumerate(order):
             chunk = _micro_batch_ops(job, costs, s, j, backward)
