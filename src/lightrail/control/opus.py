@@ -122,6 +122,7 @@ class OpusPlanner:
         self.params = params
         self._cache: dict = {}
         self._names: dict = {}  # requirement key -> configuration name, filled by plan()
+        self._plan: tuple[Program, Plan] | None = None
 
     @staticmethod
     def _key(op: Op, stage: int) -> tuple:
@@ -181,6 +182,8 @@ class OpusPlanner:
         """The Plan of ``program``: per phase, the union of its requirements in the order the traffic
         needs them (stage by stage, op by op), split into matchings only where needed; requirements
         are then named by the configuration that serves them."""
+        if self._plan is not None and self._plan[0] is program:
+            return self._plan[1]
         order: dict[str, list[tuple]] = {}
         for stage, op in _comm_ops(program):
             key = self._key(op, stage)
@@ -201,6 +204,7 @@ class OpusPlanner:
                     self._names[key] = [next(labels) for _ in reqs]
                     self._cache[key] = tuple(Requirement(n, r.steps, r.circuits)
                                              for n, r in zip(self._names[key], reqs, strict=True))
+        self._plan = (program, plan)
         return plan
 
     def phase_configurations(self, ops_by_stage) -> dict[str, np.ndarray]:

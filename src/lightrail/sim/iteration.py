@@ -45,7 +45,8 @@ from lightrail.fabric.circuits import CircuitState
 from lightrail.timing import Engine
 from lightrail.workload.program import Collective, Compute, Program, Recv, Send
 
-__all__ = ["RailFabric", "TraceEvent", "IterationResult", "simulate_iteration", "CHECK_IN_RTT", "COMMAND_LATENCY"]
+__all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration", "CHECK_IN_RTT",
+           "COMMAND_LATENCY"]
 
 FabricKind = Literal["electrical", "photonic", "ideal"]
 
@@ -156,8 +157,11 @@ class IterationResult:
         }
 
 
-class _Durations:
-    """Seconds each op part takes on the fabric, from the engine; cached by op shape."""
+class OpDurations:
+    """Seconds each op part takes on the fabric, from the engine; cached by op shape.
+
+    Independent of the switch's delay and the controller's latency, so runs that differ only in those
+    (a delay sweep, the overhead breakdown) can share one."""
 
     def __init__(self, program: Program, fabric: RailFabric):
         self.layout = program.job.layout
@@ -298,20 +302,23 @@ class _Rails:
 
 
 def simulate_iteration(program: Program, fabric: RailFabric, params: OpusParams = LIGHTRAIL, *,
-                       planner: OpusPlanner | None = None) -> IterationResult:
-    """Run two iterations of ``program`` on ``fabric`` and report the second (steady state)."""
+                       planner: OpusPlanner | None = None, durations: OpDurations | None = None) -> IterationResult:
+    """Run two iterations of ``program`` on ``fabric`` and report the second (steady state).
+
+    ``planner`` and ``durations`` may be shared by runs of the same program that differ only in the
+    delay or the controller's latency (their work does not depend on those)."""
     planner = planner or OpusPlanner(program.job.layout, params)
-    sim = _Simulation(program, fabric, planner)
+    sim = _Simulation(program, fabric, planner, durations)
     end_first = sim.run(0.0, record=False)
     sim.run(end_first, record=True)
     return sim.result(end_first)
 
 
 class _Simulation:
-    def __init__(self, program: Program, fabric: RailFabric, planner: OpusPlanner):
+    def __init__(self, program: Program, fabric: RailFabric, planner: OpusPlanner, durations: OpDurations | None):
         self.program, self.fabric, self.planner = program, fabric, planner
         self.plan = planner.plan(program) if fabric.circuits else None
-        self.durations = _Durations(program, fabric)
+        self.durations = durations or OpDurations(program, fabric)
         self.rails = _Rails(self.plan, fabric, planner.params, program.job.layout)
         self.layout = program.job.layout
 

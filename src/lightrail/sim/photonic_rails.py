@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from lightrail.control.opus import KNOBS, ORIGINAL, OpusParams
+from lightrail.control.opus import KNOBS, ORIGINAL, OpusParams, OpusPlanner
 from lightrail.sim.cost import compare
-from lightrail.sim.iteration import IterationResult, RailFabric, simulate_iteration
+from lightrail.sim.iteration import IterationResult, OpDurations, RailFabric, simulate_iteration
 from lightrail.workload.program import build_program
 
 __all__ = ["ABLATION", "BREAKDOWN", "compare_rails", "delay_sweep", "overhead_breakdown"]
@@ -23,16 +23,34 @@ BREAKDOWN = ("switching_delay_s", "drain_wait_s", "control_plane_s", "lost_overl
 """Parts of the photonic overhead (``overhead_breakdown``), summing to photonic minus electrical time."""
 
 
-def _run(job, fabric: RailFabric, params: OpusParams) -> IterationResult:
-    return simulate_iteration(build_program(job, defer_dp=params.defer_dp), fabric, params)
+class _Runs:
+    """Simulations of one job that share what does not depend on the delay or the controller's latency:
+    the programs, the planners (circuits, plans) and the op durations."""
+
+    def __init__(self, job):
+        self.job = job
+        self._programs: dict = {}
+        self._planners: dict = {}
+        self._durations: dict = {}
+
+    def __call__(self, fabric: RailFabric, params: OpusParams) -> IterationResult:
+        if params.defer_dp not in self._programs:
+            self._programs[params.defer_dp] = build_program(self.job, defer_dp=params.defer_dp)
+        program = self._programs[params.defer_dp]
+        planner = self._planners.setdefault(params, OpusPlanner(self.job.layout, params))
+        key = (params.defer_dp, params.split_pp, replace(fabric, kind="photonic" if fabric.circuits else fabric.kind,
+                                                         reconfig_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
+                                                         drain=True))
+        durations = self._durations.setdefault(key, OpDurations(program, fabric))
+        return simulate_iteration(program, fabric, params, planner=planner, durations=durations)
+
+    def electrical(self, fabric: RailFabric) -> IterationResult:
+        """The baseline: Megatron's own program (buckets overlap the backward) on electrical rails."""
+        return simulate_iteration(build_program(self.job), replace(fabric, kind="electrical"))
 
 
-def _electrical(job, fabric: RailFabric) -> IterationResult:
-    """The baseline: Megatron's own program (buckets overlap the backward) on electrical rails."""
-    return simulate_iteration(build_program(job), replace(fabric, kind="electrical"))
-
-
-def overhead_breakdown(job, fabric: RailFabric, params: OpusParams, photonic_s: float, electrical_s: float) -> dict:
+def overhead_breakdown(runs: _Runs | object, fabric: RailFabric, params: OpusParams, photonic_s: float,
+                       electrical_s: float) -> dict:
     """Photonic minus electrical iteration time, in named parts, by removing one cause at a time.
 
     - ``control_plane_s``: what a zero-latency controller would save (check-in round trips and the
@@ -43,12 +61,14 @@ def overhead_breakdown(job, fabric: RailFabric, params: OpusParams, photonic_s: 
     - ``lost_overlap_s``: the rest against electrical rails: the program the photonic policy runs
       (deferred DP), phases that cannot share ports and circuit routing. It can be negative.
 
-    The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs).
+    The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs). ``runs`` is
+    a job (a TrainingJob) or the runner of one.
     """
+    run = runs if isinstance(runs, _Runs) else _Runs(runs)
     quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0)
-    no_control = _run(job, quiet, params).iteration_time_s
-    no_delay = _run(job, replace(quiet, reconfig_delay=0.0), params).iteration_time_s
-    no_drain = _run(job, replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
+    no_control = run(quiet, params).iteration_time_s
+    no_delay = run(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
+    no_drain = run(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
     return {"switching_delay_s": no_control - no_delay, "drain_wait_s": no_delay - no_drain,
             "control_plane_s": photonic_s - no_control, "lost_overlap_s": no_drain - electrical_s}
 
@@ -58,23 +78,24 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
     ablation of policies in the scenario's mode, and power and cost; one JSON-ready dict."""
     job, fabric, params = built.job, built.fabric, built.params
     step = progress or (lambda name: None)
-    electrical = _electrical(job, fabric)
+    runs = _Runs(job)
+    electrical = runs.electrical(fabric)
     step("electrical")
-    photonic = _run(job, fabric, params)
+    photonic = runs(fabric, params)
     base = electrical.iteration_time_s
-    breakdown = overhead_breakdown(job, fabric, params, photonic.iteration_time_s, base)
+    breakdown = overhead_breakdown(runs, fabric, params, photonic.iteration_time_s, base)
     step("photonic")
-    ideal = _run(job, replace(fabric, kind="ideal"), params)
+    ideal = runs(replace(fabric, kind="ideal"), params)
     step("ideal")
     ablation = []
     for label, knobs in ABLATION:
         policy = replace(ORIGINAL, mode=params.mode, **knobs)
-        r = _run(job, fabric, policy)
+        r = runs(fabric, policy)
         ablation.append({"policy": label, "iteration_time_s": r.iteration_time_s,
                          "overhead": r.iteration_time_s / base - 1,
                          "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
                          "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,
-                         "overhead_breakdown_s": overhead_breakdown(job, fabric, policy, r.iteration_time_s, base)})
+                         "overhead_breakdown_s": overhead_breakdown(runs, fabric, policy, r.iteration_time_s, base)})
         step(label)
     lay = job.layout
     costs = compare(lay.world, gpus_per_server=lay.gpus_per_server, rail_speed=built.rail_speed, facts=built.costs)
@@ -114,18 +135,19 @@ def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[str] = ("on_d
     """Overhead of photonic rails (scenario policy, and the published Opus) against the OCS delay, with
     each row's overhead broken down (``overhead_breakdown``)."""
     job, fabric, params = built.job, built.fabric, built.params
-    base = _electrical(job, fabric).iteration_time_s
+    runs = _Runs(job)
+    base = runs.electrical(fabric).iteration_time_s
     rows = []
     for policy_name, policy in (("lightrail", params), ("opus", ORIGINAL)):
         for mode in modes:
             for delay in delays:
                 at, knobs = replace(fabric, reconfig_delay=delay), replace(policy, mode=mode)
-                r = _run(job, at, knobs)
+                r = runs(at, knobs)
                 rows.append({"delay_s": delay, "mode": mode.replace("_", "-"), "policy": policy_name,
                              "iteration_time_s": r.iteration_time_s, "overhead": r.iteration_time_s / base - 1,
                              "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
                              "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,
-                             "overhead_breakdown_s": overhead_breakdown(job, at, knobs, r.iteration_time_s, base)})
+                             "overhead_breakdown_s": overhead_breakdown(runs, at, knobs, r.iteration_time_s, base)})
                 if progress:
                     progress(f"{policy_name} {mode} {delay:g}s")
     return {"scenario": built.scenario.name, "baseline_iteration_time_s": base, "routing": fabric.routing,
