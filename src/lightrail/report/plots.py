@@ -51,12 +51,14 @@ def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
 def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
     """Stacked bars of an iteration's time (compute, communication, reconfiguration, bubble) per fabric."""
     parts = [("compute_s", "compute", "#4C72B0"), ("communication_s", "exposed communication", "#55A868"),
-             ("reconfiguration_s", "reconfiguration stall", "#C44E52"), ("bubble_s", "pipeline bubble", "#CCCCCC")]
+             ("reconfiguration_s", "reconfiguration stall", "#C44E52"), ("control_s", "controller round trips",
+                                                                         "#8172B2"),
+             ("bubble_s", "pipeline bubble", "#CCCCCC")]
     fig, ax = plt.subplots(figsize=(9, 3.6))
     names = list(rows)
     left = [0.0] * len(names)
     for key, label, color in parts:
-        values = [rows[n][key] for n in names]
+        values = [rows[n].get(key, 0.0) for n in names]
         ax.barh(names, values, left=left, label=label, color=color)
         left = [a + b for a, b in zip(left, values, strict=True)]
     for i, n in enumerate(names):
@@ -65,6 +67,34 @@ def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
     ax.set_xlim(0, max(left) * 1.18)
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, frameon=False)
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+OVERHEAD_PARTS = (("switching_delay_s", "switching delay", "#C44E52"), ("drain_wait_s", "drain wait", "#DD8452"),
+                  ("control_plane_s", "control plane", "#8172B2"), ("lost_overlap_s", "lost overlap", "#937860"))
+
+
+def plot_overhead_breakdown(rows: Sequence[dict], path: Path, *, title: str) -> Path:
+    """Per policy (ablation row), its overhead over electrical rails split into its parts; negative parts
+    (a cost whose removal reorders the pipeline to the worse) stack to the left of zero."""
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.8))
+    names = [r["policy"] for r in rows]
+    pos, neg = [0.0] * len(rows), [0.0] * len(rows)
+    for key, label, color in OVERHEAD_PARTS:
+        values = [r["overhead_breakdown_s"][key] * 1e3 for r in rows]
+        lefts = [p if v >= 0 else n + v for v, p, n in zip(values, pos, neg, strict=True)]
+        ax.barh(names, [abs(v) for v in values], left=lefts, label=label, color=color)
+        pos = [p + max(v, 0.0) for v, p in zip(values, pos, strict=True)]
+        neg = [n + min(v, 0.0) for v, n in zip(values, neg, strict=True)]
+    for i, r in enumerate(rows):
+        total = sum(r["overhead_breakdown_s"].values()) * 1e3
+        ax.text(max(pos[i], 0.0), i, f"  {total:+.1f} ms ({r['overhead'] * 100:+.2f}%)", va="center", fontsize=8)
+    ax.axvline(0, color="black", lw=0.6)
+    ax.set_xlabel("overhead over electrical rails per iteration (ms)")
+    ax.set_xlim(min(neg) * 1.1 if min(neg) < 0 else 0, max(max(pos), 1e-9) * 1.35)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, frameon=False)
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
 
