@@ -1,5 +1,6 @@
 """StragglAR's speedup sweep over rank counts x straggler delays x fabrics: it agrees with the
-one-case comparison, time is affine in the delay, and the CLI validates before it writes."""
+one-case comparison, time is affine in the delay, both speedups (from the early ranks' start and
+from the straggler's arrival) match their closed forms, and the CLI validates before it writes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lightrail.cli import app
-from lightrail.collectives.stragglar import stragglar_allreduce
+from lightrail.collectives.stragglar import lower_bound, stragglar_allreduce
 from lightrail.fabric.builders import build_topology
 from lightrail.sim.collective import straggler_comparison, straggler_sweep
 from lightrail.timing import Engine
@@ -39,8 +40,9 @@ def test_every_cell_equals_the_one_case_comparison():
         assert c["ring_s"] == pytest.approx(one["times_s"]["ring"], rel=1e-12)
         assert c["best_waiting_s"] == pytest.approx(one["wait_then_best_s"], rel=1e-12)
         assert c["wait_then_best"] == one["wait_then_best"]
-        assert c["speedup_over_ring"] == pytest.approx(one["speedup_over_ring"], rel=1e-12)
-        assert c["speedup_over_best"] == pytest.approx(one["speedup_over_best"], rel=1e-12)
+        for key in ("speedup_over_ring", "speedup_over_best", "speedup_over_ring_after_arrival",
+                    "speedup_over_best_after_arrival"):
+            assert c[key] == pytest.approx(one[key], rel=1e-12)
 
 
 def test_on_a_switch_time_is_affine_in_the_delay_and_phase_1_hides_behind_it():
@@ -72,6 +74,32 @@ def test_on_a_switch_time_is_affine_in_the_delay_and_phase_1_hides_behind_it():
     assert (np.diff(speedup[~hidden]) <= 0).all() and speedup[-1] > 1  # then it falls towards 1
 
 
+@pytest.mark.parametrize("n", [4, 8, 16, 32])
+def test_after_arrival_speedup_on_a_switch_is_the_closed_form(n):
+    # on a non-blocking switch every round moves one chunk of S/(n-1) per rank: alpha + 2 hops + chunk / B;
+    # phase 1 is the early ranks' ring reduce-scatter (n-2 rounds), phase 2 meets the bound n + log2(n) - 2
+    step = ALPHA + 2 * LAT + SIZE / (n - 1) / BW
+    phase1, phase2 = (n - 2) * step, lower_bound(n) * step
+    assert lower_bound(n) == n + n.bit_length() - 3
+    ring = 2 * (n - 1) * (ALPHA + 2 * LAT) + 2 * (n - 1) / n * SIZE / BW  # waits for the straggler, then all of it
+    delays = [0.0, phase1 / 2, phase1, 2 * phase1, 5e-3]
+    result = straggler_sweep([n], delays, SIZE, {"switch": _builder("switch")}, alpha=ALPHA)
+    for c in _cells(result, "switch", n):
+        d = c["delay_s"]
+        ours = max(d, phase1) + phase2
+        assert c["stragglar_s"] == pytest.approx(ours, rel=1e-12)
+        assert c["speedup_over_ring"] == pytest.approx((d + ring) / ours, rel=1e-12)  # from the early ranks' start
+        assert c["speedup_over_ring_after_arrival"] == pytest.approx(ring / (ours - d), rel=1e-12)
+        assert c["speedup_over_best_after_arrival"] == pytest.approx((c["best_waiting_s"] - d) / (ours - d),
+                                                                     rel=1e-12)
+        if d >= phase1:  # phase 1 hidden: the paper's c*alpha + c/(n-1)*S*beta against Ring's whole time
+            assert c["speedup_over_ring_after_arrival"] == pytest.approx(ring / phase2, rel=1e-12)
+        if c["speedup_over_ring"] > 1:  # the delay, common to both, no longer dilutes the gain
+            assert c["speedup_over_ring_after_arrival"] > c["speedup_over_ring"]
+    if n >= 8:  # large buffer: 2(n-1)/n * S against (n + log2 n - 2)/(n-1) * S, towards 2x as n grows
+        assert 1 < ring / phase2 < 2
+
+
 def test_fabrics_that_cannot_take_n_are_skipped_with_the_reason():
     result = straggler_sweep([8, 12], [0.0, 1e-3], SIZE, {"switch": _builder("switch"), "rails": _builder("rails")},
                              alpha=ALPHA)
@@ -99,11 +127,17 @@ def test_the_cli_writes_the_json_and_both_plots(tmp_path):
     cell = next(c for c in written["cells"] if (c["topology"], c["ranks"], c["delay_s"]) == ("switch", 8, 1e-3))
     one = straggler_comparison(8, SIZE, 1e-3, build_topology("switch", 8, bandwidth=BW, latency=LAT), alpha=ALPHA)
     assert cell["speedup_over_ring"] == pytest.approx(one["speedup_over_ring"], rel=1e-12)
+    assert cell["speedup_over_ring_after_arrival"] == pytest.approx(one["speedup_over_ring_after_arrival"],
+                                                                    rel=1e-12)
+    for c in written["cells"]:
+        assert {"speedup_over_ring", "speedup_over_best", "speedup_over_ring_after_arrival",
+                "speedup_over_best_after_arrival", "stragglar_s", "ring_s", "best_waiting_s"} <= c.keys()
 
-    table = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4", "--delays", "0,1ms", "--topologies",
-                                     "switch", "--out", str(tmp_path / "table")])
+    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["stragglar", "sweep", "--ranks", "4", "--delays", "0,1ms",
+                                                           "--topologies", "switch", "--out", str(tmp_path / "table")])
     assert table.exit_code == 0, table.output
     assert "switch" in table.output and "sweep.json" in table.output
+    assert "vs Ring (from start)" in table.output and "vs Ring (after straggler arrives)" in table.output
 
 
 @pytest.mark.parametrize("args, flag", [

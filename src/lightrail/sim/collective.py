@@ -99,6 +99,12 @@ class StragglerTimes:
 
     Time to finish is affine in the straggler's delay D: StragglAR takes ``max(D, phase 1) + phase 2``
     and an algorithm that waits takes ``D + its time``, so one of these serves every delay.
+
+    Two speedups, both reported: ``speedup_over_ring`` counts from the early ranks' start,
+    ``(D + ring) / (max(D, phase 1) + phase 2)``; ``speedup_over_ring_after_arrival`` counts from
+    the straggler's arrival, as the StragglAR paper does, ``ring / (max(D, phase 1) + phase 2 - D)``
+    (``phase 2`` alone once D covers phase 1). Likewise ``speedup_over_best`` and
+    ``speedup_over_best_after_arrival`` against "wait, then the best algorithm".
     """
 
     ranks: int
@@ -115,12 +121,15 @@ class StragglerTimes:
             rows[name] = delay + t
         waiting = {k: v for k, v in rows.items() if k != "stragglar"}
         best = min(waiting, key=waiting.get)
+        after = rows["stragglar"] - delay  # StragglAR's time from the straggler's arrival
         return {"ranks": self.ranks, "size_bytes": self.size_bytes, "delay_s": float(delay),
                 "topology": self.topology, "stragglar_s": rows["stragglar"], "stragglar_phase1_s": self.phase1_s,
-                "stragglar_phase2_s": self.phase2_s, "times_s": rows, "wait_then_best": best,
-                "wait_then_best_s": waiting[best],
+                "stragglar_phase2_s": self.phase2_s, "stragglar_after_arrival_s": after, "times_s": rows,
+                "wait_then_best": best, "wait_then_best_s": waiting[best],
                 "speedup_over_ring": rows.get("ring", float("nan")) / rows["stragglar"],
-                "speedup_over_best": waiting[best] / rows["stragglar"]}
+                "speedup_over_best": waiting[best] / rows["stragglar"],
+                "speedup_over_ring_after_arrival": self.waiting_s.get("ring", float("nan")) / after,
+                "speedup_over_best_after_arrival": self.waiting_s[best] / after}
 
 
 def straggler_times(n: int, size: float, topology: Topology, *, alpha: float = 0.0,
@@ -150,7 +159,8 @@ def straggler_comparison(n: int, size: float, delay: float, topology: Topology, 
 
     StragglAR runs its phase 1 among the early ranks during the delay (finishing at
     ``max(delay, phase 1)``) and its phase 2 after; every other algorithm must wait for the straggler
-    (``delay + its time``). "wait then best" is the fastest of those.
+    (``delay + its time``). "wait then best" is the fastest of those. Speedups are given from the
+    early ranks' start and from the straggler's arrival (:class:`StragglerTimes`).
     """
     return straggler_times(n, size, topology, alpha=alpha, algorithms_to_compare=algorithms_to_compare).at(delay)
 
@@ -186,7 +196,9 @@ def straggler_sweep(ranks: Sequence[int], delays: Sequence[float], size: float,
                                   "ring_s": c["times_s"].get("ring", float("nan")),
                                   "best_waiting_s": c["wait_then_best_s"], "wait_then_best": c["wait_then_best"],
                                   "speedup_over_ring": c["speedup_over_ring"],
-                                  "speedup_over_best": c["speedup_over_best"]})
+                                  "speedup_over_best": c["speedup_over_best"],
+                                  "speedup_over_ring_after_arrival": c["speedup_over_ring_after_arrival"],
+                                  "speedup_over_best_after_arrival": c["speedup_over_best_after_arrival"]})
             if progress:
                 progress(f"{name} n={n}")
     return {"size_bytes": float(size), "alpha_s": float(alpha), "delays_s": delays, "ranks": ranks,
