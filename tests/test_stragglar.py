@@ -1,7 +1,11 @@
 """StragglAR synthesis: a proven AllReduce for every n, one send and one receive per rank per round,
-and phase-2 rounds within 3 of the lower bound."""
+phase-2 rounds equal to the lower bound at every power of two, within 3 of it elsewhere, and never
+more than the greedy took before the power-of-two construction (tests/data/stragglar_rounds_before.json)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +26,16 @@ def test_stragglar_is_a_proven_allreduce_for_every_n_up_to_256(block):
         assert schedule.nsteps == schedule.params["phase1_steps"] + phase2(n).rounds
 
 
+POWERS_OF_TWO = [2**k for k in range(2, 11)]
+BEFORE = {int(n): r for n, r in json.loads(
+    (Path(__file__).parent / "data" / "stragglar_rounds_before.json").read_text())["rounds"].items()}
+
+
 def _check_rounds(n: int) -> None:
     p = phase2(n)
     assert lower_bound(n) <= p.rounds <= lower_bound(n) + 3
+    if n & (n - 1) == 0:
+        assert p.rounds == lower_bound(n)
     for end in (p.src, p.dst):  # nobody sends (receives) twice in a round
         assert len(np.unique(p.round.astype(np.int64) * n + end)) == len(end)
     swap = p.op == Op.REDUCE  # round t < n-1: the straggler swaps chunk t with rank t, its only transfer
@@ -39,10 +50,39 @@ def test_one_send_and_one_receive_per_rank_per_round_within_three_of_the_bound(n
     _check_rounds(n)
 
 
+def _check_power_of_two(n: int) -> None:
+    p = phase2(n)
+    assert p.rounds == lower_bound(n) == n + n.bit_length() - 3  # n + log2(n) - 2
+    _check_rounds(n)
+    schedule = stragglar_allreduce(n)
+    assert verify(schedule).kind == "allreduce"
+    assert schedule.nsteps == n - 2 + lower_bound(n)
+    # nothing wasted: each chunk reaches each early rank once (n-2 copies per chunk) besides the swaps
+    copies = p.op == Op.COPY
+    assert copies.sum() == (n - 1) * (n - 2)
+    assert len(np.unique(p.chunk[copies].astype(np.int64) * n + p.dst[copies])) == copies.sum()
+    # after round n-2 the straggler only sends the last chunk, once per round, to a rank still lacking it
+    late = p.src == n - 1
+    assert (p.chunk[late & (p.round >= n - 1)] == n - 2).all() and not (p.dst[copies] == n - 1).any()
+
+
+@pytest.mark.parametrize("n", [n for n in POWERS_OF_TWO if n <= 256])
+def test_powers_of_two_meet_the_lower_bound_and_are_proven(n):
+    _check_power_of_two(n)
+
+
 @pytest.mark.slow
-def test_1024_ranks_synthesise_and_verify_within_three_rounds_of_the_bound():
-    _check_rounds(1024)
-    verify(generate("allreduce", "stragglar", 1024))
+@pytest.mark.parametrize("n", [512, 1024])
+def test_512_and_1024_ranks_meet_the_lower_bound_and_are_proven(n):
+    _check_power_of_two(n)
+
+
+def test_never_more_rounds_than_the_previous_generator():
+    assert BEFORE[1024] == 1035 and len(BEFORE) >= 255  # the recorded greedy (gaps 1-3 at powers of two)
+    worse = {n: (phase2(n).rounds, old) for n, old in BEFORE.items() if n <= 256 and phase2(n).rounds > old}
+    assert worse == {}
+    better = [n for n in POWERS_OF_TWO if n <= 256 and phase2(n).rounds < BEFORE[n]]
+    assert better == [8, 16, 32, 64, 128, 256]
 
 
 def test_lower_bound_values_and_small_n_meet_it():
@@ -51,7 +91,9 @@ def test_lower_bound_values_and_small_n_meet_it():
     for n in (2, 3, 4, 5):
         assert phase2(n).rounds == lower_bound(n)
     hits = sum(phase2(n).rounds == lower_bound(n) for n in range(2, 257))
-    assert hits >= 100  # the greedy meets the bound for 100 of n = 2..256
+    assert hits >= 106  # every power of two, and the greedy at 98 other n of 2..256
+    with pytest.raises(UnsupportedError, match="at least 2"):
+        phase2(1)
 
 
 def test_any_rank_can_be_the_straggler():
@@ -69,8 +111,6 @@ def test_any_rank_can_be_the_straggler():
 
 
 def test_rounds_and_compare_from_the_cli():
-    import json
-
     from typer.testing import CliRunner
 
     from lightrail.cli import app
@@ -80,6 +120,9 @@ def test_rounds_and_compare_from_the_cli():
     assert one == {"ranks": 16, "rounds": phase2(16).rounds, "lower_bound": lower_bound(16)}
     table = json.loads(runner.invoke(app, ["stragglar", "rounds", "--ranks", "2..9", "--json"]).output)["rows"]
     assert [r["ranks"] for r in table] == list(range(2, 10))
+    powers = json.loads(runner.invoke(app, ["stragglar", "rounds", "--ranks", "4,8,16,32,64,128,256,512,1024",
+                                            "--json"]).output)["rows"]
+    assert [r["rounds"] - r["lower_bound"] for r in powers] == [0] * 9
     for bad in ("1", "x", "5..2"):
         r = runner.invoke(app, ["stragglar", "rounds", "--ranks", bad])
         assert r.exit_code == 2 and "--ranks" in r.output
@@ -98,3 +141,15 @@ def test_rounds_and_compare_from_the_cli():
     assert out["times_s"]["ring"] == pytest.approx(delay + ring)
     assert out["stragglar_phase2_s"] < ring  # after the straggler arrives, StragglAR needs less than a whole Ring
     assert out["speedup_over_ring"] > 1
+    # both speedups, named apart: from the early ranks' start, and from the straggler's arrival (the paper's)
+    ours = max(delay, out["stragglar_phase1_s"]) + out["stragglar_phase2_s"]
+    assert out["speedup_over_ring"] == pytest.approx((delay + ring) / ours)
+    assert out["speedup_over_ring_after_arrival"] == pytest.approx(ring / (ours - delay))
+    assert out["speedup_over_best_after_arrival"] == pytest.approx(
+        (out["wait_then_best_s"] - delay) / (ours - delay))
+    assert out["stragglar_after_arrival_s"] == pytest.approx(ours - delay)
+    assert {"speedup_over_ring", "speedup_over_best", "speedup_over_ring_after_arrival",
+            "speedup_over_best_after_arrival", "times_s", "wait_then_best", "wait_then_best_s"} <= out.keys()
+    table = runner.invoke(app, ["stragglar", "compare", "--ranks", "8", "--delay", "250us"])
+    assert table.exit_code == 0, table.output
+    assert "from start" in table.output and "after straggler arrives" in table.output
