@@ -342,6 +342,12 @@ def _built(scenario: Path | None, delay: str | None = None, mode: str | None = N
     return built
 
 
+def _signed_time(seconds: float) -> str:
+    if abs(seconds) < 5e-10:
+        return "0"
+    return ("-" if seconds < 0 else "+") + format_time(abs(seconds))
+
+
 def _progress(total: int, label: str, quiet: bool):
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True, disable=quiet or not err.is_terminal)
@@ -363,14 +369,14 @@ def simulate_cmd(
     scenario: Scenario = None,
     delay: Delay = None,
     mode: ModeOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json, trace.json and breakdown.png.")]
-    = Path("out/simulate"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json, trace.json, breakdown.png and "
+                                          "overhead.png.")] = Path("out/simulate"),
     as_json: JsonOut = False,
 ):
     """Electrical vs photonic rails for one training job: iteration time, overhead, reconfigurations,
     power and cost, the policy ablation; writes a Perfetto trace and a breakdown plot."""
     from lightrail.report.files import write_json
-    from lightrail.report.plots import plot_breakdown
+    from lightrail.report.plots import plot_breakdown, plot_overhead_breakdown
     from lightrail.sim.photonic_rails import ABLATION, compare_rails
     from lightrail.sim.trace import chrome_trace
 
@@ -385,6 +391,11 @@ def simulate_cmd(
     plot_breakdown(rows, out_dir / "breakdown.png",
                    title=f"{built.scenario.name}: {built.job.layout}, OCS delay "
                          f"{format_time(built.fabric.reconfig_delay)}, {built.params.mode.replace('_', '-')}")
+    plot_overhead_breakdown(result["ablation"], out_dir / "overhead.png",
+                            title=f"{built.scenario.name}: where the photonic overhead goes, OCS delay "
+                                  f"{format_time(built.fabric.reconfig_delay)}, {built.params.mode.replace('_', '-')}")
+    trace["metadata"].update(overhead_breakdown_s=result["overhead_breakdown_s"],
+                             controller_round_trips_per_iteration=result["controller_round_trips_per_iteration"])
     write_json(out_dir / "trace.json", trace)
     write_json(out_dir / "summary.json", result)
     if as_json:
@@ -400,23 +411,41 @@ def simulate_cmd(
     table.add_row("iteration time", format_time(e["iteration_time_s"]), format_time(p["iteration_time_s"]))
     table.add_row("overhead", "-", f"{result['overhead'] * 100:+.2f}%")
     for key, label in (("compute_s", "compute"), ("communication_s", "exposed communication"),
-                       ("reconfiguration_s", "reconfiguration stall"), ("bubble_s", "pipeline bubble")):
+                       ("reconfiguration_s", "reconfiguration stall"), ("control_s", "controller round trips"),
+                       ("bubble_s", "pipeline bubble")):
         table.add_row(f"  {label}", format_time(e[key]), format_time(p[key]))
     table.add_row("reconfigurations / iteration / rail", "0", f"{result['reconfigurations_per_iteration']:.1f}")
+    table.add_row("controller round trips / iteration / rank", "0",
+                  f"{result['controller_round_trips_per_iteration']:.1f}")
     table.add_row("rail network power", f"{ce['power_w'] / 1e3:,.1f} kW", f"{cp['power_w'] / 1e3:,.1f} kW")
     table.add_row("rail network cost", f"${ce['capex_usd'] / 1e6:,.2f}M", f"${cp['capex_usd'] / 1e6:,.2f}M")
     table.add_row("electrical / photonic", "", f"power {result['power_ratio']:.1f}x, cost {result['cost_ratio']:.2f}x")
     out.print(table)
-    ablation = Table(title=f"policy ablation ({built.params.mode.replace('_', '-')})")
-    for col in ("policy", "iteration time", "overhead", "reconfigurations / rail"):
-        ablation.add_column(col, justify="left" if col == "policy" else "right")
+    parts = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"), ("control_plane_s", "control"),
+             ("lost_overlap_s", "lost overlap"))
+    mode_name = built.params.mode.replace("_", "-")
+    ablation = Table(title=f"policy ablation ({mode_name}): the published Opus policy, then lightrail's knobs")
+    for col in ("policy", "iteration", "overhead", "reconfigs / rail", "round trips / rank"):
+        ablation.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
+    split = Table(title=f"where the overhead goes ({mode_name}): {' + '.join(lbl for _, lbl in parts)}")
+    for col in ("policy", *(lbl for _, lbl in parts)):
+        split.add_column(col, justify="left" if col == "policy" else "right")
     for row in result["ablation"]:
         ablation.add_row(row["policy"], format_time(row["iteration_time_s"]), f"{row['overhead'] * 100:+.2f}%",
-                         f"{row['reconfigurations_per_iteration']:.1f}")
+                         f"{row['reconfigurations_per_iteration']:.1f}",
+                         f"{row['controller_round_trips_per_iteration']:.1f}")
+        split.add_row(row["policy"], *(_signed_time(row["overhead_breakdown_s"][k]) for k, _ in parts))
     out.print(ablation)
+    out.print(split)
+    b = result["overhead_breakdown_s"]
+    out.print(f"photonic overhead {_signed_time(result['iteration_time_s'] - result['baseline_iteration_time_s'])} = "
+              + " + ".join(f"{lbl} {_signed_time(b[k])}" for k, lbl in parts)
+              + f"; electrical rails routed by {result['routing'].upper()}; controller round trip "
+              f"{format_time(result['check_in_rtt_s'])}, command {format_time(result['command_latency_s'])}",
+              highlight=False)
     out.print(f"ideal rail (zero-delay OCS): {format_time(result['ideal_iteration_time_s'])}; wrote "
               f"{out_dir / 'summary.json'}, {out_dir / 'trace.json'} (open in ui.perfetto.dev), "
-              f"{out_dir / 'breakdown.png'}")
+              f"{out_dir / 'breakdown.png'}, {out_dir / 'overhead.png'}")
 
 
 @app.command("cost")
@@ -838,10 +867,12 @@ def sweep_cmd(
     for policy, m in keys:
         table.add_column(f"{policy} {m}", justify="right")
     for d in values:
-        cells = [next(f"{r['overhead'] * 100:+.2f}%" for r in result["rows"]
+        cells = [next(f"{r['overhead'] * 100:+.2f}% ({r['reconfigurations_per_iteration']:.0f})" for r in result["rows"]
                       if (r["policy"], r["mode"], r["delay_s"]) == (policy, m, d)) for policy, m in keys]
         table.add_row(format_time(d) if d else "0", *cells)
     out.print(table)
+    out.print(f"in brackets: reconfigurations per rail per iteration; electrical rails routed by "
+              f"{result['routing'].upper()}; each row's overhead_breakdown_s is in the JSON", highlight=False)
     out.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'overhead.png'}")
 
 
