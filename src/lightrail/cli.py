@@ -443,6 +443,12 @@ def simulate_cmd(
               + f"; electrical rails routed by {result['routing'].upper()}; controller round trip "
               f"{format_time(result['check_in_rtt_s'])}, command {format_time(result['command_latency_s'])}",
               highlight=False)
+    plan = result["plan"]
+    if plan:
+        phases = ", ".join(f"{phase}: {len(cfgs)} configuration{'s' if len(cfgs) > 1 else ''} "
+                           f"({'/'.join(str(n) for n in cfgs.values())} circuits)"
+                           for phase, cfgs in plan["phases"].items())
+        out.print(f"plan: {phases}; switches {plan['trigger']}", highlight=False)
     out.print(f"ideal rail (zero-delay OCS): {format_time(result['ideal_iteration_time_s'])}; wrote "
               f"{out_dir / 'summary.json'}, {out_dir / 'trace.json'} (open in ui.perfetto.dev), "
               f"{out_dir / 'breakdown.png'}, {out_dir / 'overhead.png'}")

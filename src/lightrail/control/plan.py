@@ -136,10 +136,19 @@ class Plan:
         rail, tx = np.nonzero(perm >= 0)
         return rail, tx, perm[rail, tx]
 
+    @property
+    def trigger(self) -> str:
+        """When a rail switches to a configuration, in words."""
+        when = ("when the previous phase's last op has released (provisioned)" if self.mode == "provisioned"
+                else "when the phase's first op checks in (on demand)")
+        what = "the whole rail switch, drained first" if self.whole_switch else "only the ports that change"
+        return f"{when}; {what}"
+
     def summary(self) -> dict:
-        """JSON-ready: per phase, its configurations and how many circuits each lights."""
-        return {phase: {name: int(np.sum(self.configurations[name] >= 0)) for name in names}
-                for phase, names in self.phases.items()}
+        """JSON-ready: per phase, its configurations and how many circuits each lights; the policy."""
+        return {"phases": {phase: {name: int(np.sum(self.configurations[name] >= 0)) for name in names}
+                           for phase, names in self.phases.items()},
+                "trigger": self.trigger, "leases": self.leases}
 
     @classmethod
     def from_requirements(cls, layout: Layout, requirements: Mapping[str, Sequence[Circuits]], **policy) -> tuple[
