@@ -152,8 +152,9 @@ def tiny_serial_job():
 
 def test_exposed_reconfigurations_in_a_serial_job_by_hand():
     # Steady state: the rails hold the DP rings. On demand, the forward send waits one delay (DP ->
-    # pp-fwd), the backward send one (-> pp-bwd), and stage 0's deferred DP one; stage 1's DP
-    # reconfiguration overlaps stage 0's backward. So the iteration grows by exactly 3 delays.
+    # its circuits), the backward send one (partial reconfiguration installs an op's own circuits, not
+    # the rest of its configuration), and stage 0's deferred DP one; stage 1's DP reconfiguration
+    # overlaps stage 0's backward. So the iteration grows by exactly 3 delays.
     b = tiny_serial_job()
     params = OpusParams(mode="on_demand", split_pp=False)
     base = run(b, delay=0.0, params=params).iteration_time_s
