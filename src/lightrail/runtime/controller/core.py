@@ -20,6 +20,18 @@ Rules:
 - skip if present: a group whose circuits are lit is granted without touching the switch;
 - a job only touches ports it owns (claimed by its ranks' ``hello``).
 
+Leases: when every member's acquire asks for one (``lease``), the grant is a *lease*: the members
+keep the circuits across ops with no request at all, and the group's ports carry traffic (count as
+busy) until the lease ends. A group that is ready but blocked only by leases *revokes* them: the
+controller pushes ``revoke`` to every holder (``notify``); a holder answers with ``ack``, giving
+the ops it ran under the lease and whether it is inside one (it then sends ``release`` when that op
+completes). The lease ends, and its ports are free, once no holder is left and every member ran
+the same number of ops: a member behind (a receiver whose sender already finished its sends, or a
+peer that acked before entering the op another member is waiting in) runs the rest first, its next
+``acquire`` being granted at once up to that count (``until``). Without that, a rank waiting inside
+an op for a peer that acked and asks for the next round would wait forever, and circuits could go
+dark under data still in flight. The next op after a lease re-acquires (barrier again).
+
 The controller is driven by its server (``server.py``) but does no I/O besides its Store and
 the drivers; the clock and sleep are injected so tests can run it in virtual time.
 """
@@ -27,6 +39,7 @@ the drivers; the clock and sleep are injected so tests can run it in virtual tim
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -34,7 +47,7 @@ from dataclasses import dataclass, field
 
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
-from lightrail.runtime.controller.protocol import Acquire, Bye, Group, Hello, Release
+from lightrail.runtime.controller.protocol import Ack, Acquire, Bye, Group, Hello, Release
 from lightrail.runtime.controller.store import Store
 from lightrail.runtime.ocs import changed_ports, make_driver
 
@@ -54,18 +67,34 @@ class GroupState:
     waiters: dict[int, tuple[asyncio.Future, float]] = field(default_factory=dict)  # blocked acquires
     status: str = "idle"  # idle -> (applying ->) granted -> idle once nobody holds it
     ready_since: float = 0.0
+    lease_asks: set[int] = field(default_factory=set)  # acquirers that asked for a lease
+    lease: int | None = None  # id of the lease this round is (None: a per-op round)
+    revoking: bool = False  # revoke pushed to the holders
+    ops: dict[int, int] = field(default_factory=dict)  # revoking: ops each member that acked ran under the lease
+    limit: dict[int, int] = field(default_factory=dict)  # revoking: ops a holder still inside may reach
 
     def ports(self) -> dict[str, tuple[set[int], set[int]]]:
         """Per device, the inputs and the outputs its circuits use."""
         return {d: (set(c), set(c.values())) for d, c in self.circuits.items()}
+
+    def active(self) -> bool:
+        """Its ports carry traffic: a change under way, holders, or a lease not yet over."""
+        return self.status == "applying" or (self.status == "granted" and (bool(self.holders)
+                                                                          or self.lease is not None))
+
+    def started(self) -> int:
+        """Revoking: the most ops any member ran or is allowed to run under the lease."""
+        return max([*self.ops.values(), *self.limit.values(), 0])
 
 
 class Controller:
     """Authoritative circuit state of every OCS and port ownership of every job (see module doc)."""
 
     def __init__(self, config: ControllerConfig, store: Store, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable] = asyncio.sleep, log: Callable[..., None] = lambda *a, **k: None):
+                 sleep: Callable[[float], Awaitable] = asyncio.sleep, log: Callable[..., None] = lambda *a, **k: None,
+                 notify: Callable[[str, int, dict], None] = lambda job, rank, message: None):
         self.config = config
+        self.notify = notify  # (job, rank, message): push a message to the rank (the server writes it)
         self.store = store
         self.clock, self.sleep, self.log = clock, sleep, log
         self.devices = {d.name: make_driver(d.driver, name=d.name, ports=d.ports, delay_s=d.delay, duplex=d.duplex)
@@ -80,7 +109,8 @@ class Controller:
         self.intent: dict[tuple[str, int], str] = {}
         self.latencies: deque[float] = deque(maxlen=100_000)  # acquire -> grant, seconds
         self.counters: dict[str, float] = {"requests": 0, "errors": 0, "grants": 0, "grants_without_change": 0,
-                                           "unsafe_reconfigurations": 0}
+                                           "leases": 0, "revocations": 0, "rejoins": 0, "unsafe_reconfigurations": 0}
+        self._lease_ids = itertools.count(1)
         self.applies: deque[dict] = deque(maxlen=1000)  # recent reconfigurations, for the admin API and tests
         self._tasks: set[asyncio.Task] = set()
 
@@ -142,16 +172,28 @@ class Controller:
         return {"key": m.key}
 
     def acquire(self, m: Acquire) -> asyncio.Future | None:
-        """Ask for a group; returns a future resolved on grant, or None for a prepare (and for a
-        repeated acquire by a rank that already holds the group)."""
+        """Ask for a group; returns a future resolved on grant (with None for a per-op grant, else the
+        reply's lease fields), or None for a prepare (and for a repeated acquire by a rank that
+        already holds the group)."""
         g = self._group(m.job, m.key, m.rank)
         freed = False
         previous = self.intent.get((m.job, m.rank))
         if previous is not None and previous != m.key:
             freed = self._leave(m.job, m.rank, previous)
-        self.intent[(m.job, m.rank)] = m.key
         if m.rank in g.holders:
+            if g.lease is None:
+                self.intent[(m.job, m.rank)] = m.key
+            if freed:
+                self._schedule()
             return None
+        self.intent[(m.job, m.rank)] = m.key
+        if g.lease is not None and m.op == "acquire" and m.rank in g.ops and g.started() > g.ops[m.rank]:
+            fut = asyncio.get_running_loop().create_future()  # behind the others: run the rest first
+            g.waiters[m.rank] = (fut, self.clock())
+            self._rejoin(g, m.rank)
+            if freed:
+                self._schedule()
+            return fut
         g.intents.add(m.rank)
         complete = len(g.intents) == len(g.members)
         if complete and not g.ready_since:
@@ -159,6 +201,7 @@ class Controller:
         fut = None
         if m.op == "acquire":
             g.acquirers.add(m.rank)
+            (g.lease_asks.add if m.lease else g.lease_asks.discard)(m.rank)
             fut = asyncio.get_running_loop().create_future()
             g.waiters[m.rank] = (fut, self.clock())
         # Only a completed barrier or freed ports can make anything new possible. A rank back while
@@ -168,10 +211,38 @@ class Controller:
         return fut
 
     def release(self, m: Release) -> dict:
-        self._group(m.job, m.key, m.rank)
+        g = self._group(m.job, m.key, m.rank)
+        if g.lease is not None and m.rank in g.holders:
+            if m.rank not in g.limit:
+                raise ScenarioError(f"rank {m.rank} holds lease {g.lease} of {m.key!r}: it ends with ack, after a "
+                                    f"revoke", field="key", fix="keep the lease until the controller revokes it")
+            g.ops[m.rank] = g.limit.pop(m.rank)  # the op it was inside (or the ops it rejoined for) completed
+            g.holders.discard(m.rank)
+            if self._lease_progress(g):
+                self._schedule()
+            return {}
         if self.intent.get((m.job, m.rank)) == m.key and self._leave(m.job, m.rank, m.key):
             self._schedule()
         return {}
+
+    def ack(self, m: Ack) -> dict:
+        """A holder answers a revoke; a stale ack (another lease, or already answered) changes nothing."""
+        g = self._group(m.job, m.key, m.rank)
+        if g.lease != m.lease or not g.revoking or m.rank not in g.holders or m.rank in g.limit:
+            return {"stale": True}
+        if m.inside:  # inside op number ``ops``: it releases when that op completes
+            g.limit[m.rank] = m.ops
+        else:
+            g.ops[m.rank] = m.ops
+            g.holders.discard(m.rank)
+        if self._lease_progress(g):
+            self._schedule()
+        return {}
+
+    def lease_of(self, job: str, key: str, rank: int) -> int | None:
+        """The lease ``rank`` holds on the group, if its round is a lease."""
+        g = self.groups.get((job, key))
+        return g.lease if g is not None and rank in g.holders else None
 
     def bye(self, m: Bye) -> dict:
         job = self._job(m.job)
@@ -197,9 +268,16 @@ class Controller:
         return {"remaining": 0}
 
     def disconnect(self, job: str, rank: int) -> None:
-        """A rank's connection closed: it no longer holds or waits for anything."""
+        """A rank's connection closed: it no longer holds or waits for anything (its leases vanish)."""
         key = self.intent.get((job, rank))
-        if key is not None and self._leave(job, rank, key):
+        freed = key is not None and self._leave(job, rank, key)
+        for g in [g for g in self.groups.values() if g.job == job and g.lease is not None]:
+            if rank in g.holders or rank in g.ops:
+                g.holders.discard(rank)
+                g.ops.pop(rank, None)
+                g.limit.pop(rank, None)
+                freed = self._lease_progress(g) or freed
+        if freed:
             self._schedule()
 
     def configure(self, device: str, changes: dict[int, int | None], *, job: str | None = None) -> dict:
@@ -225,11 +303,11 @@ class Controller:
 
     # -- scheduling -------------------------------------------------------------------------------------
     def _busy(self) -> dict[str, tuple[set[int], set[int]]]:
-        """Per device, inputs and outputs that carry traffic: those of granted groups with holders and
-        of groups whose reconfiguration is under way."""
+        """Per device, inputs and outputs that carry traffic: those of granted groups with holders, of
+        leases not over yet and of groups whose reconfiguration is under way."""
         busy: dict[str, tuple[set[int], set[int]]] = {}
         for g in self.groups.values():
-            if g.status == "applying" or (g.status == "granted" and g.holders):
+            if g.active():
                 _add_ports(busy, g)
         return busy
 
@@ -297,9 +375,34 @@ class Controller:
                 soft = self._provisioned() if soft is None else soft
                 blocked = _merge(busy, soft)
             if any(any(self._hot(d, c, blocked)) for d, c in changes.items()):
-                continue  # a port it switches carries traffic (or is lit for another): wait
+                if not acquired and any(any(self._hot(d, c, soft)) for d, c in changes.items()):
+                    continue  # lit for another prepared group: wait (no thrash)
+                self._revoke_for(g, changes)
+                continue  # a port it switches carries traffic: wait (for the release, or the revoked leases)
             self._switch(g, changes)
             _add_ports(busy, g)
+
+    def _revoke_for(self, g: GroupState, changes: dict[str, dict[int, int | None]]) -> None:
+        """Revoke the leases that keep ``g`` waiting, if nothing else does (a per-op round in use or a
+        change under way is waited for; its leases are revoked once it is over)."""
+        switched = {d: changed_ports(self.devices[d].state(), self.devices[d].validate(c)) for d, c in changes.items()}
+        leases = []
+        for h in self.groups.values():
+            if h is g or not h.active():
+                continue
+            ports = h.ports()
+            if any(ins & ports[d][0] or outs & ports[d][1] for d, (ins, outs) in switched.items() if d in ports):
+                if h.status != "granted" or h.lease is None:
+                    return
+                leases.append(h)
+        for h in leases:
+            if not h.revoking:
+                h.revoking = True
+                self.counters["revocations"] += 1
+                self.log("revoke", job=h.job, group=h.key, lease=h.lease, holders=sorted(h.holders), wanted_by=g.key)
+                for rank in sorted(h.holders):
+                    self.notify(h.job, rank, {"op": "revoke", "job": h.job, "rank": rank, "key": h.key,
+                                              "lease": h.lease})
 
     def _switch(self, g: GroupState, changes: dict[str, dict[int, int | None]]) -> None:
         """Change the switches now (so every later decision sees the new state); grant after the delay."""
@@ -339,13 +442,58 @@ class Controller:
         g.holders = set(g.acquirers)
         g.acquirers = set()  # acquires from now on are for the next round
         g.ready_since = 0.0
+        reply = None
+        if g.holders <= g.lease_asks:  # every member asked for a lease
+            g.lease, g.revoking = next(self._lease_ids), False
+            g.ops, g.limit = {}, {}
+            g.intents -= g.holders  # the lease is tracked by its holders; an acquire now is for the next round
+            for rank in g.holders:
+                if self.intent.get((g.job, rank)) == g.key:
+                    del self.intent[(g.job, rank)]
+            reply = {"lease": g.lease}
+            self.counters["leases"] += 1
+        g.lease_asks = set()
         now = self.clock()
         for rank in g.holders:
             fut, asked = g.waiters.pop(rank)
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(reply)
                 self.latencies.append(now - asked)
         self.counters["grants"] += 1
+
+    def _rejoin(self, g: GroupState, rank: int) -> None:
+        """A member behind the others in a revoked lease runs its remaining ops at once, up to ``until``
+        (the ports stay busy; the members ahead of it are waiting for, or have sent, those ops)."""
+        fut, asked = g.waiters.pop(rank)
+        g.intents.discard(rank)
+        g.acquirers.discard(rank)
+        g.lease_asks.discard(rank)
+        if len(g.intents) < len(g.members):
+            g.ready_since = 0.0
+        if self.intent.get((g.job, rank)) == g.key:
+            del self.intent[(g.job, rank)]
+        until = g.started()
+        g.holders.add(rank)
+        g.limit[rank] = until
+        self.counters["rejoins"] += 1
+        self.latencies.append(self.clock() - asked)
+        if not fut.done():
+            fut.set_result({"lease": g.lease, "ops": g.ops.pop(rank), "until": until})
+
+    def _lease_progress(self, g: GroupState) -> bool:
+        """After an ack, release or disconnect in a lease: let members behind rejoin; end the lease once no
+        holder is left and every member ran the same ops. True if that freed its ports."""
+        if g.lease is None:
+            return False
+        started = g.started()
+        for rank in [r for r in g.waiters if r in g.ops and r not in g.holders and started > g.ops[r]]:
+            self._rejoin(g, rank)
+        if g.holders or len(set(g.ops.values())) > 1:
+            return False  # someone is still inside, has not answered, or must run its remaining ops
+        g.status, g.lease, g.revoking, g.ops, g.limit = "idle", None, False, {}, {}
+        if g.intents and len(g.intents) == len(g.members):
+            g.ready_since = self.clock()
+        return True
 
     def _leave(self, job: str, rank: int, key: str) -> bool:
         """The rank no longer wants or holds the group; True if that freed ports (its round ended, or
@@ -363,7 +511,7 @@ class Controller:
             waiter[0].cancel()
         if len(g.intents) < len(g.members):
             g.ready_since = 0.0
-        if g.status == "granted" and not g.holders:
+        if g.status == "granted" and not g.holders and g.lease is None:
             g.status = "idle"  # the round is over; ranks already back wait for the next barrier
             if len(g.intents) == len(g.members):
                 g.ready_since = self.clock()
@@ -405,7 +553,8 @@ class Controller:
     def jobs_view(self) -> dict:
         return {job: {"world": info["world"], "registered": sorted(info["ranks"]),
                       "groups": {g.key: {"phase": g.phase, "status": g.status, "members": sorted(g.members),
-                                         "holders": sorted(g.holders), "waiting": sorted(g.waiters)}
+                                         "holders": sorted(g.holders), "waiting": sorted(g.waiters),
+                                         "lease": g.lease, "revoking": g.revoking}
                                  for g in self.groups.values() if g.job == job}}
                 for job, info in self.jobs.items()}
 

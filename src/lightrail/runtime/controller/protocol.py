@@ -2,6 +2,8 @@
 
 Every request carries an ``id`` (echoed in its reply) and an ``op``; replies are
 ``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"message", "field", "fix"}}``.
+The controller also pushes one message unasked, :class:`Revoke` (no ``id``), on the connection of
+each holder of a lease it takes back; the rank answers it with :class:`Ack`.
 docs/controller.md is the full description; the models below are its source of truth.
 """
 
@@ -15,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.validation import first_error
 
-__all__ = ["Hello", "Group", "Acquire", "Release", "Bye", "Request", "parse_request", "encode", "error_reply"]
+__all__ = ["Hello", "Group", "Acquire", "Release", "Ack", "Bye", "Revoke", "Request", "parse_request", "parse_push",
+           "encode", "error_reply"]
 
 
 class _Message(BaseModel):
@@ -60,12 +63,17 @@ class Group(_Message):
 
 
 class Acquire(_Message):
-    """Block until the group's circuits are lit and reserved for it (``prepare``: do not block)."""
+    """Block until the group's circuits are lit and reserved for it (``prepare``: do not block).
+
+    With ``lease``, the grant is a lease (when every member asked for one): the rank keeps the
+    circuits across ops, with no further request, until the controller revokes it.
+    """
 
     op: Literal["acquire", "prepare"]
     job: str
     rank: int
     key: str
+    lease: bool = False
 
 
 class Release(_Message):
@@ -77,6 +85,35 @@ class Release(_Message):
     key: str
 
 
+class Ack(_Message):
+    """The answer to a :class:`Revoke`: the rank starts no new op under the lease.
+
+    ``ops`` counts the ops the rank started under the lease; with ``inside`` the last of them is
+    still running and the rank sends ``release`` when it completes. A member that ran fewer ops than
+    another (a receiver behind its sender) runs the rest before the ports are freed: its next
+    ``acquire`` is granted at once with ``until``.
+    """
+
+    op: Literal["ack"]
+    job: str
+    rank: int
+    key: str
+    lease: int = Field(ge=1)
+    ops: int = Field(ge=0)
+    inside: bool = False
+
+
+class Revoke(BaseModel):
+    """Pushed by the controller (no ``id``) to each holder of a lease that another group needs."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["revoke"]
+    job: str
+    rank: int
+    key: str
+    lease: int = Field(ge=1)
+
+
 class Bye(_Message):
     """A rank leaves (its ports are freed), or with no rank the whole job ends; a job whose last rank
     left is gone, with its groups."""
@@ -86,12 +123,13 @@ class Bye(_Message):
     rank: int | None = None
 
 
-Request = Annotated[Hello | Group | Acquire | Release | Bye, Field(discriminator="op")]
+Request = Annotated[Hello | Group | Acquire | Release | Ack | Bye, Field(discriminator="op")]
 _REQUEST = TypeAdapter(Request)
-_BY_OP = {"hello": Hello, "group": Group, "acquire": Acquire, "prepare": Acquire, "release": Release, "bye": Bye}
+_BY_OP = {"hello": Hello, "group": Group, "acquire": Acquire, "prepare": Acquire, "release": Release, "ack": Ack,
+          "bye": Bye}
 
 
-def parse_request(line: bytes | str) -> Hello | Group | Acquire | Release | Bye:
+def parse_request(line: bytes | str) -> Hello | Group | Acquire | Release | Ack | Bye:
     """One request line -> its model; a bad line raises ScenarioError naming the field."""
     try:
         data = json.loads(line)
@@ -104,6 +142,14 @@ def parse_request(line: bytes | str) -> Hello | Group | Acquire | Release | Bye:
         return model.model_validate(data) if model is not None else _REQUEST.validate_python(data)
     except ValidationError as e:
         raise first_error(e, source="message", hint="see docs/controller.md") from None
+
+
+def parse_push(data: dict) -> Revoke:
+    """A message the controller pushed (already decoded) -> its model; ScenarioError naming the field."""
+    try:
+        return Revoke.model_validate(data)
+    except ValidationError as e:
+        raise first_error(e, source="push", hint="see docs/controller.md") from None
 
 
 def encode(reply: dict) -> bytes:

@@ -23,6 +23,7 @@ from lightrail.errors import LightrailError
 from lightrail.runtime.controller.config import ControllerConfig
 from lightrail.runtime.controller.core import Controller
 from lightrail.runtime.controller.protocol import (
+    Ack,
     Acquire,
     Bye,
     Group,
@@ -50,11 +51,13 @@ def _log(what: str, /, **fields) -> None:
     log.info(what, extra={"fields": fields})
 
 
-async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  connections: dict[tuple[str, int], asyncio.StreamWriter]) -> None:
     """One connection (normally one rank): requests in order; acquires may complete out of order.
 
     Replies are written without awaiting (one write per reply keeps lines whole); the loop waits for
-    the socket to drain only when a slow reader lets the buffer grow.
+    the socket to drain only when a slow reader lets the buffer grow. ``connections`` maps each rank
+    that said hello to its connection, where the controller pushes revokes.
     """
     ranks: set[tuple[str, int]] = set()
 
@@ -67,7 +70,7 @@ async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: 
             send({"id": request_id, "ok": False, "error": {"type": "Cancelled", "message": "request dropped",
                                                            "field": "key", "fix": "acquire again"}})
         else:
-            send({"id": request_id, "ok": True, "granted": True})
+            send({"id": request_id, "ok": True, "granted": True, **(fut.result() or {})})
 
     try:
         while line := await reader.readline():
@@ -79,6 +82,7 @@ async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: 
                 if isinstance(m, Hello):
                     reply = controller.hello(m)
                     ranks.add((m.job, m.rank))
+                    connections[(m.job, m.rank)] = writer
                 elif isinstance(m, Group):
                     reply = controller.declare(m)
                 elif isinstance(m, Acquire):
@@ -87,8 +91,13 @@ async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: 
                         fut.add_done_callback(functools.partial(granted, m.id))
                         continue
                     reply = {"granted": m.op == "acquire"}
+                    lease = controller.lease_of(m.job, m.key, m.rank)
+                    if lease is not None and m.op == "acquire":
+                        reply["lease"] = lease
                 elif isinstance(m, Release):
                     reply = controller.release(m)
+                elif isinstance(m, Ack):
+                    reply = controller.ack(m)
                 elif isinstance(m, Bye):
                     reply = controller.bye(m)
                 send({"id": request_id, "ok": True, **reply})
@@ -102,8 +111,19 @@ async def _handle(controller: Controller, reader: asyncio.StreamReader, writer: 
         pass
     finally:
         for job, rank in ranks:
+            if connections.get((job, rank)) is writer:
+                del connections[(job, rank)]
             controller.disconnect(job, rank)
         writer.close()
+
+
+def _pusher(connections: dict[tuple[str, int], asyncio.StreamWriter]):
+    """The controller's ``notify``: write a pushed message on the rank's connection (if it still has one)."""
+    def notify(job: str, rank: int, message: dict) -> None:
+        writer = connections.get((job, rank))
+        if writer is not None and not writer.is_closing():
+            writer.write(encode(message))
+    return notify
 
 
 def metrics_text(controller: Controller) -> str:
@@ -120,6 +140,10 @@ def metrics_text(controller: Controller) -> str:
     metric("grants_total", "counter", "Groups granted.", [("", c["grants"])])
     metric("grants_without_change_total", "counter", "Groups granted with their circuits already lit.",
            [("", c["grants_without_change"])])
+    metric("leases_total", "counter", "Grants that were leases.", [("", c["leases"])])
+    metric("revocations_total", "counter", "Leases revoked for another group.", [("", c["revocations"])])
+    metric("rejoins_total", "counter", "Members behind in a revoked lease let in to run their remaining ops.",
+           [("", c["rejoins"])])
     metric("unsafe_reconfigurations_total", "counter", "Reconfigurations that changed a port with traffic.",
            [("", c["unsafe_reconfigurations"])])
     metric("reconfigurations_total", "counter", "Reconfigurations per device (persisted).",
@@ -193,8 +217,9 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
 
     start = time.perf_counter()
     store = Store(state_path)
-    controller = Controller(config, store, log=_log)
-    server = await asyncio.start_server(lambda r, w: _handle(controller, r, w), config.host, config.port)
+    connections: dict[tuple[str, int], asyncio.StreamWriter] = {}
+    controller = Controller(config, store, log=_log, notify=_pusher(connections))
+    server = await asyncio.start_server(lambda r, w: _handle(controller, r, w, connections), config.host, config.port)
     port = server.sockets[0].getsockname()[1]
     web = uvicorn.Server(uvicorn.Config(admin_app(controller), host=config.host, port=config.admin_port,
                                         log_level="warning", lifespan="off"))
