@@ -27,7 +27,7 @@ from lightrail.workload.program import build_program
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def testbed(**job):
+def opus_testbed(**job):
     scenario, base = load_scenario(EXAMPLES / "opus-testbed-llama3-8b-16xa100.yaml")
     built = scenario.build(base)
     return replace(built, job=replace(built.job, **job)) if job else built
@@ -39,7 +39,7 @@ def testbed(**job):
 def test_pp2_forward_and_backward_are_one_configuration_on_every_rail():
     """Opus's testbed layout: a stage pair's forward and backward circuits form one matching per rail."""
     lay = Layout.from_degrees(16, tp=4, pp=2, dp=2, gpus_per_server=4)
-    for plan in (runtime_plan(lay), OpusPlanner(lay, ORIGINAL).plan(build_program(testbed().job))):
+    for plan in (runtime_plan(lay), OpusPlanner(lay, ORIGINAL).plan(build_program(opus_testbed().job))):
         assert plan.phases == {"pp": ("pp",), "dp": ("dp",)} or plan.phases == {"dp": ("dp",), "pp": ("pp",)}
         pp = plan.configurations["pp"]
         # servers 0,1 hold stage 0 (dp 0, 1), servers 2,3 stage 1: each server talks to its pair both ways
@@ -65,7 +65,7 @@ def test_a_middle_stage_of_pp4_splits_the_pipeline_phase_into_forward_and_backwa
 def test_the_published_policy_no_longer_reconfigures_per_micro_batch_on_the_testbed():
     """2m+1 switches per iteration came from naming forward and backward as two phases; as Opus defines
     phases there is one PP configuration, so a rail changes only between the PP and DP phases."""
-    b = testbed()
+    b = opus_testbed()
     for mode in ("on_demand", "provisioned"):
         r = simulate_iteration(build_program(b.job), b.fabric, replace(ORIGINAL, mode=mode))
         assert r.reconfigurations_per_rail == [4] * 4  # (pp -> dp, dp -> pp) per stage... on every rail
@@ -183,7 +183,7 @@ def test_provisioned_learns_at_the_release_and_pays_the_controller_before_switch
 
 
 def test_trace_shows_control_round_trips_as_their_own_slices():
-    b = testbed()
+    b = opus_testbed()
     r = simulate_iteration(build_program(b.job), b.fabric, ORIGINAL)
     trace = chrome_trace(r, b.job.layout)
     control = [e for e in trace["traceEvents"] if e.get("cat") == "control"]
@@ -193,7 +193,7 @@ def test_trace_shows_control_round_trips_as_their_own_slices():
 
 
 def test_leases_cut_round_trips_to_phase_changes():
-    b = testbed()
+    b = opus_testbed()
     prog = build_program(b.job, defer_dp=True)
     per_op = simulate_iteration(prog, b.fabric, replace(LIGHTRAIL, leases=False))
     leased = simulate_iteration(prog, b.fabric, LIGHTRAIL)
