@@ -1,6 +1,7 @@
 """StragglAR synthesis: a proven AllReduce for every n, one send and one receive per rank per round,
-phase-2 rounds equal to the lower bound at every power of two, within 3 of it elsewhere, and never
-more than the greedy took before the power-of-two construction (tests/data/stragglar_rounds_before.json)."""
+phase-2 rounds equal to the lower bound at every power of two, within 3 of it at other n up to 256,
+and never more than the greedy took before the power-of-two construction
+(tests/data/stragglar_rounds_before.json)."""
 
 from __future__ import annotations
 

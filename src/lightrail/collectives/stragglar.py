@@ -55,8 +55,9 @@ them, which breaks the doubling) and, among those, the ones with the oldest newe
 highest rank (it swaps with the straggler last, so it stays free longest); senders with the fewest
 other chunks to spread go first. Each chunk is a few numpy operations over the ranks (n = 1,000 in
 about a second). Rounds against the bound (``lightrail stragglar rounds --ranks 2..1024``): equal at
-every power of two and at 98 of the other n = 2..256 (106 in all), never more than 3 above it up
-to n = 1,024.
+every power of two, at 98 of the other n = 2..256 (106 in all) and 406 of the 1,013 other n up to
+1,024; never more than 3 above it up to n = 256, but 4 to 10 above it at 58 n in 495..1,022 (10 at
+n = 517, 8 at 516, 7 at 1,022), where the greedy's doubling breaks down.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def _greedy(n: int) -> Phase2:
                   np.concatenate([np.full(2 * m, Op.REDUCE, np.int8), np.full(len(when), Op.COPY, np.int8)]))
 
 
-@register(Kind.ALLREDUCE, "stragglar", steps="n-2 + n+log2(n)-2 (n=2^k; else up to 3 more)",
+@register(Kind.ALLREDUCE, "stragglar", steps="n-2 + n+log2(n)-2 (n=2^k; else a few more)",
           summary="StragglAR: reduce-scatter among early ranks while rank n-1 is late, then swaps + doubling")
 def stragglar_allreduce(n: int, straggler: int | None = None) -> Schedule:
     """StragglAR AllReduce with ``straggler`` (default n-1) arriving late; ``params['phase1_steps']``
