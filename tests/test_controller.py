@@ -1445,6 +1445,54 @@ def test_service_ranks_barrier_state_metrics_and_sigterm(spawn, tmp_path):
     assert proc.wait(15) == 0
 
 
+def test_service_lease_revoke_pushed_acked_then_switched(spawn, tmp_path):
+    """Real server, real clients: ops under a lease send nothing; another group's acquire makes the
+    controller push revokes, which the clients' reader threads answer (at once, or as inside an op,
+    releasing when it completes); only then does the switch change."""
+    proc, info = spawn(tmp_path / "c.db")
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    ranks = _clients(info, "train", 3)
+    a, b = {"rail0": {0: 1, 1: 0}}, {"rail0": {0: 2, 2: 0}}  # B switches A's ports
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda rc: rc[1].hello(3, {"rail0": rc[0]}), enumerate(ranks)))
+        for c in ranks:
+            c.declare("A", [0, 1], a, phase="dp")
+            c.declare("B", [0, 2], b, phase="pp")
+        leases = {f.result(timeout=20)["lease"] for f in [pool.submit(c.acquire, "A", lease=True) for c in ranks[:2]]}
+        assert len(leases) == 1
+        sent = [c.requests for c in ranks]
+        for c in ranks[:2]:
+            c.leave("A")  # the op the lease was granted for
+            for _ in range(5):
+                assert c.enter("A")
+                c.leave("A")
+        assert [c.requests for c in ranks] == sent  # no request while the lease stands
+        assert ranks[0].enter("A") and ranks[1].enter("A")
+        ranks[0].leave("A")  # rank 0 is done with the op; rank 1 is still inside it when the revoke comes
+        fb = [pool.submit(c.acquire, "B") for c in (ranks[0], ranks[2])]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            view = httpx.get(f"{admin}/jobs", timeout=10).json()["train"]["groups"]["A"]
+            if view["revoking"] and view["holders"] == [1]:
+                break
+            time.sleep(0.02)
+        assert view["revoking"] and view["holders"] == [1], view  # rank 0 acked at once, from its reader thread
+        assert not any(f.done() for f in fb) and not ranks[0].holds("A")
+        assert httpx.get(f"{admin}/state", timeout=10).json()["devices"]["rail0"]["circuits"] == {"0": 1, "1": 0}
+        ranks[1].leave("A")  # the op completes: the release goes out
+        assert all(f.result(timeout=20)["granted"] for f in fb)
+    assert httpx.get(f"{admin}/state", timeout=10).json()["devices"]["rail0"]["circuits"] == {"0": 2, "2": 0}
+    recs = httpx.get(f"{admin}/reconfigurations", timeout=10).json()
+    assert [r["group"] for r in recs] == ["A", "B"] and all(record_is_safe(r) for r in recs)
+    m = _metrics(admin)
+    assert m["lightrail_leases_total"] == 1 and m["lightrail_revocations_total"] == 1
+    assert m["lightrail_unsafe_reconfigurations_total"] == 0
+    for c in ranks:
+        c.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+
+
 def test_service_refuses_bad_requests_and_stays_up(spawn, tmp_path):
     proc, info = spawn(tmp_path / "c.db")
     admin = f"http://{info['host']}:{info['admin_port']}"

@@ -39,6 +39,19 @@ def test_circuits_follow_the_destination_rail_between_servers():
         assert circuits_of(LAYOUT, ring) == {}
 
 
+def test_leases_only_for_phases_of_one_configuration(monkeypatch):
+    from lightrail.control.plan import runtime_plan
+    from lightrail.runtime.torch_backend import _Agent
+
+    pp2 = _Agent(None, LAYOUT, "provisioned", 0, plan=runtime_plan(LAYOUT))
+    assert pp2.leased("dp:0,2") and pp2.leased("pp:0<->4") and not pp2.leased("tp+dp+pp:0,1,2,3,4,5,6,7")
+    pp4 = Layout.from_degrees(8, tp=1, pp=4, dp=2, gpus_per_server=2)
+    agent = _Agent(None, pp4, "provisioned", 0, plan=runtime_plan(pp4))
+    # a middle stage's forward and backward circuits share a transmitter: two matchings, per-op
+    assert agent.leased("dp:0,1") and not agent.leased("pp:2->4")
+    assert not _Agent(None, LAYOUT, "provisioned", 0, plan=runtime_plan(LAYOUT), leases=False).leased("dp:0,2")
+
+
 @pytest.mark.slow
 def test_training_on_emulated_photonic_rails_gives_identical_losses(tmp_path):
     config = DemoConfig(tp=2, pp=2, dp=2, steps=3, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
@@ -50,6 +63,11 @@ def test_training_on_emulated_photonic_rails_gives_identical_losses(tmp_path):
     assert result["reconfigurations_per_iteration"] >= 1
     assert result["request_latency_p99_s"] is not None and result["request_latency_p99_s"] > 0
     assert result["predicted"]["reconfigurations_per_rail_per_iteration"] >= 1
+    # leases: DP and PP are one configuration each, so most ops run with no request
+    assert result["leases"] and result["ops_under_lease"] > 0.3
+    assert 0 < result["controller_requests_per_iteration"] < 12
+    assert result["predicted_overhead_s"] == result["predicted"]["overhead_s"]
+    assert result["predicted"]["schedule"] == "gpipe" and result["predicted"]["peak_tflops"] > 0
     state = json.loads((tmp_path / "controller.log").read_text().splitlines()[0])
     assert state["event"] == "ready"
 
@@ -62,8 +80,9 @@ def test_train_demo_cli_on_demand_json(tmp_path):
                                  str(out), "--json"])
     assert r.exit_code == 0, r.output
     result = json.loads(r.output[r.output.index("{"):])
-    for key in ("gloo_iteration_s", "lightrail_iteration_s", "reconfigurations_per_iteration",
-                "request_latency_p99_s", "losses_identical"):
+    for key in ("gloo_iteration_s", "lightrail_iteration_s", "overhead_s", "reconfigurations_per_iteration",
+                "request_latency_p99_s", "losses_identical", "unsafe_reconfigurations", "predicted",
+                "predicted_overhead_s", "controller_requests_per_iteration", "model_to_measured_ratio"):
         assert key in result
     assert result["losses_identical"] is True and result["unsafe_reconfigurations"] == 0
     assert (out / "train-demo.json").is_file() and (out / "iterations.png").is_file()

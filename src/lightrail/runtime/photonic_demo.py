@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from lightrail.runtime import torch_backend
 from lightrail.runtime.train_demo import DemoConfig, run_demo
 from lightrail.workload.parallel import Layout
 
-__all__ = ["start_controller", "run_photonic_demo", "predicted_overhead"]
+__all__ = ["start_controller", "run_photonic_demo", "predicted_overhead", "calibrated_peak_tflops"]
 
 
 def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, timeout: float = 30.0):
@@ -53,43 +54,91 @@ def _metrics(admin_port: int) -> dict[str, float]:
     return out
 
 
-def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str) -> dict:
-    """What ``lightrail simulate`` predicts for the same model, layout, micro-batches and OCS delay
-    (on its default GPU: compute there is far faster than on these CPUs, so compare the exposed
-    reconfiguration time and the reconfiguration count, not the iteration times)."""
+def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str, leases: bool,
+              peak_tflops: float | None, check_in_rtt_s: float | None):
     from lightrail.scenario import parse_scenario
-    from lightrail.sim.photonic_rails import compare_rails
 
-    scenario = parse_scenario({
+    ocs = {"reconfig_delay": f"{delay_s}s", "mode": mode, "leases": leases,
+           # the policy the backend carries out: per group (partial), skip-if-present, one rail per
+           # direction not split, DP after the last pipeline op
+           "partial": True, "skip_present": True, "split_pp": False, "defer_dp": True}
+    if check_in_rtt_s is not None:
+        ocs["check_in_rtt"] = f"{check_in_rtt_s}s"
+    cluster = {"gpus": config.world, "gpus_per_server": gpus_per_server}
+    if peak_tflops is not None:
+        cluster["peak_tflops"] = peak_tflops
+    return parse_scenario({
         "name": "train-demo",
         "model": {"preset": "debug", "overrides": {"layers": config.layers, "hidden": config.d_model,
                                                    "ffn": 4 * config.d_model, "heads": config.heads,
                                                    "kv_heads": config.heads, "vocab": config.vocab,
                                                    "seq_len": config.seq}},
-        "cluster": {"gpus": config.world, "gpus_per_server": gpus_per_server},
+        "cluster": cluster,
         "parallel": {"tp": config.tp, "pp": config.pp, "dp": config.dp},
         "job": {"micro_batches": config.microbatches, "micro_batch_size": config.micro_batch, "dp_buckets": 1,
-                "grad_bytes": 4},
-        # the backend reconfigures per group (partial, skip-if-present), one rail per direction is not split
-        "ocs": {"reconfig_delay": f"{delay_s}s", "mode": mode, "partial": True, "skip_present": True,
-                "split_pp": False, "defer_dp": True},
+                "grad_bytes": 4, "schedule": "gpipe"},  # the demo runs GPipe, fp32 gradients in one bucket
+        "ocs": ocs,
     })
-    result = compare_rails(scenario.build())
+
+
+def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteration_s: float) -> float:
+    """The per-rank peak (TFLOP/s) at which ``simulate``'s electrical iteration of the demo job takes
+    ``iteration_s``: our own measurement of this CPU (the gloo run), not a hardware figure.
+
+    The model's iteration is ``a / peak + b`` (compute, and communication at the cluster's rates),
+    so two electrical simulations give ``a`` and ``b``. What the CPU spends in gloo's loopback
+    transfers is folded into the compute rate.
+    """
+    from lightrail.sim.photonic_rails import compare_rails
+
+    def electrical(peak: float) -> float:
+        built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, mode="provisioned", leases=True,
+                          peak_tflops=peak, check_in_rtt_s=None).build()
+        return float(compare_rails(built)["baseline_iteration_time_s"])
+
+    p1, p2 = 1e-3, 2e-3
+    t1, t2 = electrical(p1), electrical(p2)
+    a = (t1 - t2) / (1 / p1 - 1 / p2)
+    b = t1 - a / p1
+    if a <= 0 or iteration_s <= b:
+        raise InfeasibleError(f"cannot fit the model's compute to a measured iteration of {iteration_s:.4g} s",
+                              field="gloo_iteration_s", fix="run more --steps")
+    return a / (iteration_s - b)
+
+
+def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str, leases: bool = True,
+                       peak_tflops: float | None = None, check_in_rtt_s: float | None = None) -> dict:
+    """What ``lightrail simulate`` predicts for the same model, layout, micro-batches, pipeline schedule
+    (GPipe), OCS delay, mode and lease policy. With ``peak_tflops`` (see :func:`calibrated_peak_tflops`)
+    the model computes at this CPU's speed, so its overhead can be set beside the measured one; with
+    ``check_in_rtt_s`` a controller round trip costs what it cost in the run."""
+    from lightrail.sim.photonic_rails import compare_rails
+
+    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, mode=mode, leases=leases,
+                      peak_tflops=peak_tflops, check_in_rtt_s=check_in_rtt_s).build()
+    result = compare_rails(built)
     photonic, electrical = float(result["iteration_time_s"]), float(result["baseline_iteration_time_s"])
     return {"iteration_s": photonic, "electrical_iteration_s": electrical, "overhead_s": photonic - electrical,
-            "reconfigurations_per_rail_per_iteration": float(result["reconfigurations_per_iteration"])}
+            "reconfigurations_per_rail_per_iteration": float(result["reconfigurations_per_iteration"]),
+            "controller_round_trips_per_iteration": result.get("controller_round_trips_per_iteration"),
+            "overhead_breakdown_s": result.get("overhead_breakdown_s"),
+            "peak_tflops": peak_tflops, "check_in_rtt_s": check_in_rtt_s, "leases": leases, "schedule": "gpipe"}
 
 
 def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: str = "provisioned",
-                      gpus_per_server: int | None = None, workdir: Path | None = None,
+                      gpus_per_server: int | None = None, workdir: Path | None = None, leases: bool | None = None,
                       progress=lambda what: None) -> dict:
-    """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare."""
+    """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare with
+    ``simulate`` for the same job, its compute calibrated on the gloo run. ``leases`` (default: on,
+    unless ``LIGHTRAIL_LEASES=0``) lets single-configuration phases hold their circuits across ops."""
     g = gpus_per_server or config.tp
     if g < 1 or config.world % g:
         raise ScenarioError(f"{config.world} ranks do not fill servers of {g}", field="--gpus-per-server",
                             fix=f"use a divisor of {config.world}")
     if mode not in ("on_demand", "provisioned"):
         raise ScenarioError(f"unknown mode {mode!r}", field="--mode", fix="on_demand or provisioned")
+    if leases is None:
+        leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
     layout = Layout.from_degrees(config.world, tp=config.tp, pp=config.pp, dp=config.dp, gpus_per_server=g)
     progress("training on gloo")
     plain = run_demo(config, backend="gloo")
@@ -99,31 +148,45 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: str = "pr
         try:
             progress("training on emulated photonic rails")
             init = functools.partial(torch_backend.setup, controller=f"127.0.0.1:{info['port']}", job="train-demo",
-                                     layout=layout, mode=mode)
+                                     layout=layout, mode=mode, leases=leases)
             photonic = run_demo(config, backend="lightrail", init=init)
             metrics = _metrics(info["admin_port"])
         finally:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(30)
     progress("simulating the same job")
-    predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, mode=mode)
+    stats = [r.get("controller", {}) for r in photonic["ranks"]]
+    round_trips = sorted(s for st in stats for s in st.get("request_s", []))
+    rtt_p50 = round_trips[len(round_trips) // 2] if round_trips else None
+    peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain["median_iteration_s"])
+    predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, mode=mode, leases=leases,
+                                   peak_tflops=peak, check_in_rtt_s=rtt_p50)
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
-    releases = [s for r in photonic["ranks"] for s in r.get("controller", {}).get("request_s", [])]
-    releases.sort()
+    # requests per rank per iteration, the first (warm-up: groups declared, sequence learned) left out
+    per_rank = [statistics.fmean(st["requests_per_step"][1:] or st["requests_per_step"]) for st in stats
+                if st.get("requests_per_step")]
+    ops = sum(st.get("ops", 0) for st in stats)
     identical = plain["loss_bits"] == photonic["loss_bits"] and plain["losses_consistent"] \
         and photonic["losses_consistent"]
     measured_overhead = photonic["median_iteration_s"] - plain["median_iteration_s"]
     return {
         "ranks": config.world, "tp": config.tp, "pp": config.pp, "dp": config.dp, "steps": config.steps,
-        "gpus_per_server": g, "rails": g, "ocs_delay_s": ocs_delay_s, "mode": mode,
+        "gpus_per_server": g, "rails": g, "ocs_delay_s": ocs_delay_s, "mode": mode, "leases": leases,
         "gloo_iteration_s": plain["median_iteration_s"],
         "lightrail_iteration_s": photonic["median_iteration_s"],
         "overhead_s": measured_overhead,
         "overhead": measured_overhead / plain["median_iteration_s"],
+        "predicted_overhead_s": predicted["overhead_s"],
+        "model_to_measured_ratio": measured_overhead / predicted["overhead_s"] if predicted["overhead_s"] > 0
+        else None,
+        "controller_requests_per_iteration": statistics.fmean(per_rank) if per_rank else 0.0,
+        "ops_under_lease": sum(st.get("under_lease", 0) for st in stats) / ops if ops else 0.0,
+        "revocations_per_iteration": metrics.get("lightrail_revocations_total", 0.0) / config.steps,
         "reconfigurations_per_iteration": reconfigs / config.steps,  # all rails
         "reconfigurations_per_rail_per_iteration": reconfigs / config.steps / g,
-        "request_latency_p50_s": releases[len(releases) // 2] if releases else None,
-        "request_latency_p99_s": releases[min(len(releases) - 1, int(0.99 * len(releases)))] if releases else None,
+        "request_latency_p50_s": rtt_p50,
+        "request_latency_p99_s": round_trips[min(len(round_trips) - 1, int(0.99 * len(round_trips)))]
+        if round_trips else None,
         "acquire_wait_p99_s": metrics.get('lightrail_acquire_latency_seconds{quantile="0.99"}'),
         "unsafe_reconfigurations": metrics.get("lightrail_unsafe_reconfigurations_total", 0.0),
         "losses_identical": bool(identical),

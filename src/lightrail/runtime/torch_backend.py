@@ -1,5 +1,5 @@
-"""torch.distributed backend ``"lightrail"``: gloo (CPU) or NCCL (GPU) underneath, the controller in
-front of every collective and send/recv.
+"""torch.distributed backend ``"lightrail"``: gloo (CPU) or NCCL (GPU) underneath, the controller's
+circuits under every collective and send/recv (leased for a whole phase where the Plan allows).
 
 Use::
 
@@ -16,17 +16,30 @@ identified online from its members: the parallel dimensions along which they dif
 traffic: a collective runs as a ring over the group's members (gloo's and NCCL's large-message
 algorithm), a send/recv is one transfer, and a transfer between servers rides the rail of its
 destination GPU (PXN), from the sender's server port to the receiver's on that rail's OCS
-(``rail{i}``) — the same rule as the Opus planner (``control/opus.py``). Groups within one server
-(TP) need no circuit and never reach the controller.
+(``rail{i}``) — ``control.plan.rail_circuits``, the one circuit rule of the simulator and the planner.
+Groups within one server (TP) need no circuit and never reach the controller.
 
-Every op acquires its group before it starts (the controller lights the circuits once all members
-asked and no changing port carries traffic) and releases it when it completes, so a rank holds
-circuits only inside an op. Modes: ``on_demand`` does only that (a reconfiguration starts when the
-phase's first op arrives); ``provisioned`` learns each rank's sequence of groups in the first
-iteration and sends, with each release, a ``prepare`` of the group expected next, so the controller
-reconfigures while the rank computes. Ops complete before they return (the backend waits for the
-wrapped work) so that their end is known; exchange patterns that need a send and a receive in
-flight at once (``batch_isend_irecv`` both ways) are not supported through it.
+Which groups hold *leases* is the Plan's decision (``control/plan.py``, ``runtime_plan(layout)``, built
+once per process): a group whose phase ``Plan.single_configuration(phase)`` holds — every circuit of
+the phase fits one configuration — acquires its circuits once with ``lease`` and then runs its ops
+with no controller request at all, until the controller revokes the lease because another group
+needs those ports (the ranks finish an op in flight and acknowledge; the next op re-acquires). Every
+other group (a phase split into several matchings, e.g. a middle pipeline stage at PP >= 4 whose
+forward and backward circuits share a transmitter; a phase not in the plan) acquires before every op
+and releases after it, so a rank holds its circuits only inside an op. Why not lease everything:
+with a lease a rank may enter an op before its peer; if the peer first needs a group that conflicts
+with the lease, the revoke cannot be acknowledged until the op ends, which needs the peer: deadlock.
+Groups of one configuration never conflict with each other, and in a training program a rank
+changes phase only after its peers finished the previous phase's ops with it. ``LIGHTRAIL_LEASES=0``
+turns leases off (per-op acquire/release everywhere, as Opus checks in before every op).
+
+Modes: ``on_demand`` asks when an op needs a group (a reconfiguration starts when the phase's first
+op arrives); ``provisioned`` learns each rank's sequence of groups in the first iteration and, when
+it finishes the last op before a change of group, sends a ``prepare`` of the group expected next
+(with the release, for a per-op group), so the controller can revoke and reconfigure while the rank
+computes. Ops complete before they return (the backend waits for the wrapped work) so that their end
+is known; exchange patterns that need a send and a receive in flight at once (``batch_isend_irecv``
+both ways) are not supported through it.
 """
 
 from __future__ import annotations
@@ -39,22 +52,24 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from lightrail.control.plan import Plan, rail_circuits, runtime_plan
 from lightrail.errors import ScenarioError
 from lightrail.runtime.controller.client import ControllerClient
 from lightrail.workload.parallel import ORDER, Layout
 
 __all__ = ["configure", "register", "setup", "shutdown", "LightrailProcessGroup", "phase_of", "circuits_of",
-           "agent_stats"]
+           "agent_stats", "requests_sent"]
 
 _MODES = ("on_demand", "provisioned")
 
 
-def configure(*, controller: str, job: str, layout: Layout, mode: str = "provisioned") -> None:
+def configure(*, controller: str, job: str, layout: Layout, mode: str = "provisioned", leases: bool = True) -> None:
     """Set this process's backend options (as environment variables, so spawned workers can inherit)."""
     if mode not in _MODES:
         raise ScenarioError(f"unknown mode {mode!r}", field="mode", fix="use on_demand or provisioned")
     os.environ.update({
         "LIGHTRAIL_CONTROLLER": controller, "LIGHTRAIL_JOB": job, "LIGHTRAIL_MODE": mode,
+        "LIGHTRAIL_LEASES": "1" if leases else "0",
         "LIGHTRAIL_LAYOUT": f"tp={layout.tp},cp={layout.cp},ep={layout.ep},dp={layout.dp},pp={layout.pp},"
                             f"gpus_per_server={layout.gpus_per_server}"})
 
@@ -77,65 +92,93 @@ def phase_of(layout: Layout, ranks) -> str:
 
 
 def circuits_of(layout: Layout, transfers) -> dict[str, dict[int, int]]:
-    """Circuits that (src, dst) transfers need: on the rail of dst, server(src) -> server(dst)."""
+    """Circuits that (src, dst) transfers need (``rail_circuits``: on the rail of dst, server(src) ->
+    server(dst)), as the controller's ``{"rail<i>": {input: output}}``."""
+    transfers = list(transfers)
+    if not transfers:
+        return {}
+    src, dst = zip(*transfers, strict=True)
     out: dict[str, dict[int, int]] = {}
-    for src, dst in transfers:
-        s, d = int(layout.server(src)), int(layout.server(dst))
-        if s != d:
-            out.setdefault(f"rail{int(layout.rail(dst))}", {})[s] = d
+    for rail, tx, rx in zip(*rail_circuits(layout, src, dst), strict=True):
+        out.setdefault(f"rail{int(rail)}", {})[int(tx)] = int(rx)
     return out
 
 
 @dataclass
 class _Agent:
-    """One per process: the controller connection and the sequence of groups it learned to expect.
+    """One per process: the controller connection, the Plan, and the sequence of groups it learned to expect.
 
-    Every op on a group with circuits acquires it (blocking until the circuits are lit and every
-    member is there) and releases it right after, so a rank never holds circuits while it computes
-    or waits for a peer elsewhere. Provisioned mode adds a prediction: ``after`` maps (group, ops
-    in its current run) to the group that came next last time; the release carries a ``prepare`` of
-    that group, so the controller can light it while the rank computes. A prediction seen to be
-    wrong is dropped.
+    ``run`` wraps every op on a group with circuits. A group whose phase is one configuration of the
+    plan runs under a lease (no request while it stands); any other acquires before the op (blocking
+    until the circuits are lit and every member is there) and releases right after. Provisioned mode
+    adds a prediction: ``after`` maps (group, ops in its current run) to the group that came next
+    last time; when the next group differs, a ``prepare`` of it goes out as the op ends (with the
+    release of a per-op group), so the controller can light it while the rank computes. A prediction
+    seen to be wrong is dropped.
     """
 
     client: ControllerClient | None
     layout: Layout
     mode: str
     rank: int
+    plan: Plan | None = None
+    leases: bool = True
     declared: set[str] = field(default_factory=set)
     run_key: str | None = None
     run: int = 0
     after: dict[tuple[str, int], str | None] = field(default_factory=dict)
-    requests: int = 0
+    ops: int = 0  # ops on groups with circuits
+    under_lease: int = 0  # of which ran under a lease (no request)
+    revokes: int = 0
     wait_s: float = 0.0
-    request_s: list[float] = field(default_factory=list)  # round trips of non-blocking requests (release)
 
-    def before(self, key: str, members, circuits) -> None:
-        if self.client is None or not circuits:
+    def leased(self, key: str) -> bool:
+        """True if the group (key, or phase) takes leases: its phase is one configuration of the plan.
+        Its send/recv between two ranks are then one group, both directions (the ops of the two
+        ranks on it still pair up in order: gloo matches a pair's sends and receives in order)."""
+        return self.leases and self.plan is not None and self.plan.single_configuration(key.split(":")[0])
+
+    def run_op(self, key: str, members, circuits, call) -> None:
+        client = self.client
+        if client is None or not circuits:
+            call().wait()
             return
         if key not in self.declared:
-            self.client.declare(key, members, circuits, phase=key.split(":")[0])
+            client.declare(key, members, circuits, phase=key.split(":")[0])
             self.declared.add(key)
         if self.run_key is not None:
             self._observe((self.run_key, self.run), key)
         self.run = self.run + 1 if key == self.run_key else 1
         self.run_key = key
+        self.ops += 1
+        nxt = self.after.get((key, self.run)) if self.mode == "provisioned" else None
+        leased = self.leased(key)
+        if leased and client.enter(key):
+            self.under_lease += 1
+            call().wait()
+            client.leave(key)
+            self._prepare(key, nxt)
+            return
         start = time.perf_counter()
-        self.client.acquire(key)
+        reply = client.acquire(key, lease=leased)
         self.wait_s += time.perf_counter() - start
-        self.requests += 1
+        call().wait()
+        if "lease" in reply:
+            client.leave(key)  # releases, if it was revoked meanwhile (or granted only up to ``until``)
+            self._prepare(key, nxt)
+        else:
+            client.release(key, then_prepare=nxt if nxt is not None and nxt != key else None)
+
+    def _prepare(self, key: str, nxt: str | None) -> None:
+        if nxt is not None and nxt != key and not self.client.holds(nxt):
+            self.client.prepare(nxt, wait=False)
 
     def _observe(self, point: tuple[str, int], nxt: str) -> None:
         seen = self.after.get(point, nxt)
         self.after[point] = nxt if seen == nxt else None  # None: seen to differ, unpredictable
 
-    def after_op(self, key: str, circuits) -> None:
-        if self.client is None or not circuits:
-            return
-        nxt = self.after.get((key, self.run)) if self.mode == "provisioned" else None
-        start = time.perf_counter()
-        self.client.release(key, then_prepare=nxt)
-        self.request_s.append(time.perf_counter() - start)
+    def _revoked(self, key: str, inside: bool) -> None:
+        self.revokes += 1
 
     def close(self) -> None:
         if self.client is not None:
@@ -155,21 +198,32 @@ def _agent(rank: int) -> _Agent:
         if mode not in _MODES:
             raise ScenarioError(f"unknown mode {mode!r}", field="LIGHTRAIL_MODE", fix="on_demand or provisioned")
         address = os.environ.get("LIGHTRAIL_CONTROLLER", "")
-        client = None
+        leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
+        agent = _Agent(None, layout, mode, rank, plan=runtime_plan(layout), leases=leases)
         if address:
             host, _, port = address.rpartition(":")
-            client = ControllerClient(host, int(port), job=os.environ.get("LIGHTRAIL_JOB", "job"), rank=rank)
-            client.hello(layout.world, {f"rail{int(layout.rail(rank))}": int(layout.server(rank))})
-        _AGENT = _Agent(client, layout, mode, rank)
+            agent.client = ControllerClient(host, int(port), job=os.environ.get("LIGHTRAIL_JOB", "job"), rank=rank,
+                                            on_revoke=agent._revoked)
+            agent.client.hello(layout.world, {f"rail{int(layout.rail(rank))}": int(layout.server(rank))})
+        _AGENT = agent
     return _AGENT
 
 
 def agent_stats() -> dict:
-    """This process's controller requests and the time it spent blocked in them."""
+    """This process's controller requests (hello and bye aside), the time it spent blocked in acquires,
+    the round trips of requests answered at once, its ops on groups with circuits, how many of them
+    ran under a lease, and the revokes it answered."""
     a = _AGENT
-    if a is None:
-        return {"requests": 0, "wait_s": 0.0, "request_s": []}
-    return {"requests": a.requests, "wait_s": a.wait_s, "request_s": list(a.request_s)}
+    if a is None or a.client is None:
+        return {"requests": 0, "wait_s": 0.0, "request_s": [], "ops": 0, "under_lease": 0, "revokes": 0}
+    return {"requests": a.client.requests, "wait_s": a.wait_s, "request_s": list(a.client.round_trips),
+            "ops": a.ops, "under_lease": a.under_lease, "revokes": a.revokes}
+
+
+def requests_sent() -> int:
+    """Controller requests this process sent so far (0 without a controller)."""
+    a = _AGENT
+    return 0 if a is None or a.client is None else a.client.requests
 
 
 def shutdown() -> None:
@@ -180,7 +234,7 @@ def shutdown() -> None:
 
 
 class LightrailProcessGroup(dist.ProcessGroup):
-    """A process group that asks the controller for its circuits around every op of the wrapped one."""
+    """A process group that holds its circuits (a lease, or around every op) while the wrapped one runs."""
 
     def __init__(self, opts, _options=None):
         super().__init__(opts.group_rank, opts.group_size)
@@ -204,9 +258,7 @@ class LightrailProcessGroup(dist.ProcessGroup):
 
     # -- the wrapper --------------------------------------------------------------------------------------
     def _run(self, key, members, circuits, call):
-        self.agent.before(key, members, circuits)
-        call().wait()
-        self.agent.after_op(key, circuits)
+        self.agent.run_op(key, members, circuits, call)
         return _done()  # waiting twice on some gloo works (send) never returns: hand back a completed one
 
     def _collective(self, name, *args):
@@ -214,8 +266,13 @@ class LightrailProcessGroup(dist.ProcessGroup):
 
     def _p2p(self, src: int, dst: int, call):
         g_src, g_dst = self.members[src], self.members[dst]
-        key = f"{phase_of(self.agent.layout, [g_src, g_dst])}:{g_src}->{g_dst}"
-        return self._run(key, sorted({g_src, g_dst}), circuits_of(self.agent.layout, [(g_src, g_dst)]), call)
+        phase = phase_of(self.agent.layout, [g_src, g_dst])
+        if self.agent.leased(phase):  # one lease for both directions: the phase's one configuration
+            a, b = sorted((g_src, g_dst))
+            key, transfers = f"{phase}:{a}<->{b}", [(a, b), (b, a)]
+        else:
+            key, transfers = f"{phase}:{g_src}->{g_dst}", [(g_src, g_dst)]
+        return self._run(key, sorted({g_src, g_dst}), circuits_of(self.agent.layout, transfers), call)
 
     def allreduce(self, *args):
         return self._collective("allreduce", *args)
@@ -279,9 +336,9 @@ def _create(opts, options):
     return LightrailProcessGroup(opts, options)
 
 
-def setup(*, controller: str, job: str, layout: Layout, mode: str = "provisioned") -> None:
+def setup(*, controller: str, job: str, layout: Layout, mode: str = "provisioned", leases: bool = True) -> None:
     """``configure`` then ``register``: what each rank process runs before ``init_process_group``."""
-    configure(controller=controller, job=job, layout=layout, mode=mode)
+    configure(controller=controller, job=job, layout=layout, mode=mode, leases=leases)
     register()
 
 

@@ -300,18 +300,20 @@ def _train(rank: int, config: DemoConfig) -> dict:
     model = _Stage(config, stage, tp_rank, groups[Dim.TP])
     params = list(model.parameters())
     optimizer = _Adam(params, config.lr)
-    losses, times = [], []
+    losses, times, requests = [], [], []
     for step in range(config.steps):
-        start = time.perf_counter()
+        start, sent = time.perf_counter(), torch_backend.requests_sent()
         for p in params:
             p.grad = None
         loss = _pipeline_step(config, model, step, stage, dp_rank, groups[Dim.PP])
         loss = _sync_gradients(config, params, loss, groups[Dim.DP])
         optimizer.step()
         times.append(time.perf_counter() - start)
+        requests.append(torch_backend.requests_sent() - sent)
         if loss is not None:
             losses.append(loss)
     controller = torch_backend.agent_stats()  # the lightrail backend's requests (none on plain gloo)
+    controller["requests_per_step"] = requests
     torch_backend.shutdown()
     return {"rank": rank, "stage": stage, "tp_rank": tp_rank, "dp_rank": dp_rank, "losses": losses,
             "loss_bits": [_bits(x) for x in losses], "iteration_s": times, "controller": controller}
