@@ -912,7 +912,8 @@ def train_demo_cmd(
     as_json: JsonOut = False,
 ):
     """Train a small GPT (TP x PP x DP, CPU processes) on plain gloo and on emulated photonic rails
-    (the lightrail backend + a controller process); compare, and set beside `simulate`'s prediction."""
+    (the lightrail backend + a controller process); compare, and set beside `simulate`'s prediction
+    for the same job (GPipe, compute calibrated on the gloo run). LIGHTRAIL_LEASES=0 turns leases off."""
     from lightrail.report.files import write_json
     from lightrail.report.plots import plot_train_demo
     from lightrail.runtime.photonic_demo import run_photonic_demo
@@ -942,8 +943,15 @@ def train_demo_cmd(
         table.add_row("reconfigurations / rail / iteration", "",
                       f"{result['reconfigurations_per_rail_per_iteration']:.1f}",
                       f"{p['reconfigurations_per_rail_per_iteration']:.1f}")
+        trips = p.get("controller_round_trips_per_iteration")
+        table.add_row("controller requests / rank / iteration", "",
+                      f"{result['controller_requests_per_iteration']:.1f}", "" if trips is None else f"{trips:.1f}")
+        ratio = result["model_to_measured_ratio"]
         out.print(table)
         lat = result["request_latency_p99_s"]
+        out.print(f"measured / predicted overhead: {'n/a' if ratio is None else f'{ratio:.2f}x'} (model computes at "
+                  f"this CPU's rate, {p['peak_tflops'] * 1e3:.2f} GFLOP/s peak, measured on gloo); leases "
+                  f"{'on' if result['leases'] else 'off'}")
         out.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
                   f"{'yes' if result['losses_identical'] else 'NO'}; unsafe reconfigurations: "
                   f"{int(result['unsafe_reconfigurations'])}")
