@@ -23,7 +23,8 @@ Which groups hold *leases* is the Plan's decision (``control/plan.py``, ``runtim
 once per process): a group whose phase ``Plan.single_configuration(phase)`` holds — every circuit of
 the phase fits one configuration — acquires its circuits once with ``lease`` and then runs its ops
 with no controller request at all, until the controller revokes the lease because another group
-needs those ports (the ranks finish an op in flight and acknowledge; the next op re-acquires). Every
+needs those ports (every holder acknowledges at once with the number of ops it ran under the lease;
+the ports are freed when no op is in flight and every member ran as many; the next op re-acquires). Every
 other group (a phase split into several matchings, e.g. a middle pipeline stage at PP >= 4 whose
 forward and backward circuits share a transmitter; a phase not in the plan) acquires before every op
 and releases after it, so a rank holds its circuits only inside an op. Why not lease everything:
@@ -45,6 +46,7 @@ both ways) are not supported through it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -201,6 +203,9 @@ def _agent(rank: int) -> _Agent:
         leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
         agent = _Agent(None, layout, mode, rank, plan=runtime_plan(layout), leases=leases)
         if address:
+            # The client's reader thread answers revokes while the main thread computes: with CPython's
+            # default 5 ms switch interval a revoke could wait that long for the GIL at every rank.
+            sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
             host, _, port = address.rpartition(":")
             agent.client = ControllerClient(host, int(port), job=os.environ.get("LIGHTRAIL_JOB", "job"), rank=rank,
                                             on_revoke=agent._revoked)
