@@ -540,6 +540,31 @@ def _random_group(rng: random.Random, ports: list[int]) -> tuple[list[int], dict
     return members, circuits
 
 
+def watch(c: Controller, violations: list[str], busy) -> None:
+    """Check at the moment of every switch change that no port of a group ``busy(g)`` names (a reason, or
+    None) is switched, and at every grant that every member acquired and the circuits are lit."""
+    for name, driver in c.devices.items():
+        def apply(changes, now, _orig=driver.apply, _driver=driver, _name=name):
+            ins, outs = changed_ports(_driver.state(), _driver.validate(changes))
+            for g in c.groups.values():
+                circuits = g.circuits.get(_name, {})
+                hot = (ins & set(circuits)) | {f"out{o}" for o in outs & set(circuits.values())}
+                reason = busy(g) if hot else None
+                if reason:
+                    violations.append(f"{_name}: {sorted(map(str, hot))} switched while {g.job}/{g.key} {reason}")
+            return _orig(changes, now)
+        driver.apply = apply
+    orig_grant = c._grant
+
+    def grant(g):
+        if len(g.acquirers) != len(g.members):
+            violations.append(f"{g.key} granted before every member acquired: {sorted(g.acquirers)}")
+        if not lit(c, g.circuits):
+            violations.append(f"{g.key} granted before its circuits are lit")
+        orig_grant(g)
+    c._grant = grant
+
+
 class Harness:
     """Ranks that run an SPMD program, interleaved at random, with the safety invariants checked after
     every step. Each job has a global sequence of collectives (groups); each rank walks, in that order,
@@ -583,27 +608,9 @@ class Harness:
 
     def _wrap(self) -> None:
         """Check at the moment of every switch change and every grant (not only after the fact)."""
-        c = self.c
-        for name, driver in c.devices.items():
-            def apply(changes, now, _orig=driver.apply, _driver=driver, _name=name):
-                ins, outs = changed_ports(_driver.state(), _driver.validate(changes))
-                for g in c.groups.values():
-                    circuits = g.circuits.get(_name, {})
-                    hot = (ins & set(circuits)) | {f"out{o}" for o in outs & set(circuits.values())}
-                    if g.status == "granted" and g.holders and hot:
-                        self.violations.append(f"{_name}: {sorted(map(str, hot))} switched while {g.job}/{g.key} "
-                                               f"is held by {sorted(g.holders)}")
-                return _orig(changes, now)
-            driver.apply = apply
-        orig_grant = c._grant
-
-        def grant(g):
-            if len(g.acquirers) != len(g.members):
-                self.violations.append(f"{g.key} granted before every member acquired: {sorted(g.acquirers)}")
-            if not lit(c, g.circuits):
-                self.violations.append(f"{g.key} granted before its circuits are lit")
-            orig_grant(g)
-        c._grant = grant
+        def busy(g):
+            return f"is held by {sorted(g.holders)}" if g.status == "granted" and g.holders else None
+        watch(self.c, self.violations, busy)
 
     def _hold(self, rank: tuple[str, int]) -> None:
         self.phase[rank] = "holding"
@@ -1117,28 +1124,11 @@ class LeaseHarness:
                 if not lease["revoked"] or lease["in_op"]}
 
     def _wrap(self) -> None:
-        c = self.c
-        for name, driver in c.devices.items():
-            def apply(changes, now, _orig=driver.apply, _driver=driver, _name=name):
-                ins, outs = changed_ports(_driver.state(), _driver.validate(changes))
-                protected = self._in_flight() | self._leased()
-                for g in c.groups.values():
-                    circuits = g.circuits.get(_name, {})
-                    hot = (ins & set(circuits)) | {f"out{o}" for o in outs & set(circuits.values())}
-                    if hot and (g.active() and g.status != "applying" or (g.job, g.key) in protected):
-                        self.violations.append(f"{_name}: {sorted(map(str, hot))} switched while {g.job}/{g.key} "
-                                               f"carries traffic (holders {sorted(g.holders)}, lease {g.lease})")
-                return _orig(changes, now)
-            driver.apply = apply
-        orig_grant = c._grant
-
-        def grant(g):
-            if len(g.acquirers) != len(g.members):
-                self.violations.append(f"{g.key} granted before every member acquired: {sorted(g.acquirers)}")
-            if not lit(c, g.circuits):
-                self.violations.append(f"{g.key} granted before its circuits are lit")
-            orig_grant(g)
-        c._grant = grant
+        def busy(g):
+            if g.active() and g.status != "applying" or (g.job, g.key) in self._in_flight() | self._leased():
+                return f"carries traffic (holders {sorted(g.holders)}, lease {g.lease})"
+            return None
+        watch(self.c, self.violations, busy)
 
     def check(self) -> None:
         c = self.c
