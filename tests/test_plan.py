@@ -123,6 +123,15 @@ def test_first_fit_matchings_are_valid_and_never_split_a_matching(raw):
     assert len(configs) >= _brute_force_fewest(lay, reqs) if len(reqs) <= 4 else True
 
 
+def test_a_requirement_that_is_not_a_matching_is_refused():
+    from lightrail.errors import InfeasibleError
+
+    lay = Layout.from_degrees(8, tp=1, dp=8, gpus_per_server=2)
+    two_from_one_port = (np.array([0, 0]), np.array([1, 1]), np.array([2, 3]))
+    with pytest.raises(InfeasibleError, match="two circuits on one port"):
+        split_into_matchings(lay, [two_from_one_port])
+
+
 # -- one circuit model --------------------------------------------------------------------------------------
 
 

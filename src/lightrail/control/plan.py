@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lightrail.errors import InfeasibleError
 from lightrail.workload.parallel import Dim, Layout
 
 __all__ = ["Circuits", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan", "runtime_plan"]
@@ -88,7 +89,10 @@ def split_into_matchings(layout: Layout, requirements: Sequence[Circuits]) -> tu
     """
     configs: list[Circuits] = []
     colour: list[int] = []
-    for req in requirements:
+    for k, req in enumerate(requirements):
+        if not is_matching(layout, req):
+            raise InfeasibleError(f"requirement {k} needs two circuits on one port of a rail", field="circuits",
+                                  fix="split the op into parts that are each a matching (one circuit per port)")
         for i, cfg in enumerate(configs):
             merged = union(layout, cfg, req)
             if is_matching(layout, merged):
