@@ -234,37 +234,38 @@ class _Rails:
             if stage >= 0:
                 self._drop(stage)
 
-    def _free(self, stage: int, tx_ports, rx_ports, decision: float) -> float:
+    def _free(self, tx_ports, rx_ports, decision: float) -> float:
         """When the controller may switch these ports: their last traffic's release has arrived, and a
-        lease another stage holds on them was revoked and acknowledged."""
+        lease on them was revoked and acknowledged (a group's lease has holders besides the asking rank,
+        even when its own stage leased it: the revoke is a round trip)."""
         if not self.fabric.drain:
             return 0.0
         half = self.fabric.rtt / 2
         busy = max(self.state.tx_busy[tx_ports].max(initial=0.0), self.state.rx_busy[rx_ports].max(initial=0.0))
         free = busy + half
         held = self.tx_lease[tx_ports], self.rx_lease[rx_ports]
-        if any(np.any((h >= 0) & (h != stage)) for h in held):  # revoke, the holder acks after its op
+        if any(np.any(h >= 0) for h in held):  # revoke; a holder inside an op acks when it ends
             free = max(decision + half, busy) + half
         return free
 
     # -- switching -------------------------------------------------------------------------------------
-    def ensure(self, stage: int, req: Requirement, decision: float) -> float:
+    def ensure(self, req: Requirement, decision: float) -> float:
         """Make ``req``'s circuits present; a change starts no earlier than ``decision`` (the controller's
         decision plus its command latency) nor before its ports are free. Returns when they are lit."""
         rail, tx, rx = req.circuits
         if not len(rail) or not self.fabric.circuits:
             return 0.0
         if self.params.partial:
-            self._ports(stage, req, decision)
+            self._ports(req, decision)
         else:
-            self._switch(stage, req, decision)
+            self._switch(req, decision)
         return self.state.lit_at(rail, tx, rx)
 
     def occupy(self, req: Requirement, end: float) -> None:
         rail, tx, rx = req.circuits
         self.state.occupy(rail, tx, rx, end)
 
-    def _switch(self, stage: int, req: Requirement, decision: float) -> None:
+    def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
         rail, tx, rx = req.circuits
         ports = np.arange(self.state.tx_target.shape[1])
@@ -277,13 +278,13 @@ class _Rails:
             if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
                 self.holds[r] = req.phase
                 continue
-            start = max(decision, self._free(stage, (r, ports), (r, ports), decision))  # drain the whole rail
+            start = max(decision, self._free((r, ports), (r, ports), decision))  # drain the whole rail
             end, changed = self.state.rewrite(r, new, start)
             self._revoke((r, ports), (r, ports))
             self.holds[r] = req.phase
             self.reconfigs.append((int(r), start, end, changed, req.phase))
 
-    def _ports(self, stage: int, req: Requirement, decision: float) -> None:
+    def _ports(self, req: Requirement, decision: float) -> None:
         """Partial reconfiguration: only ports whose circuits change go dark, each rail on its own."""
         rail, tx, rx = req.circuits
         (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = self.state.switched_ports(rail, tx, rx)
@@ -292,7 +293,7 @@ class _Rails:
         start = np.full(len(self.holds), float(decision))
         for r in np.unique(m_rail):
             a, b = tx_rail == r, rx_rail == r
-            start[r] = max(decision, self._free(stage, (tx_rail[a], tx_port[a]), (rx_rail[b], rx_port[b]), decision))
+            start[r] = max(decision, self._free((tx_rail[a], tx_port[a]), (rx_rail[b], rx_port[b]), decision))
         self.state.apply(rail, tx, rx, start)
         self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
         counts = np.bincount(m_rail, minlength=len(self.holds))
@@ -396,7 +397,7 @@ class _Simulation:
                     if self._check_in(s, req):
                         self.acc[s]["round_trips"] += 1
                         ask = min(prior[s], now) if provisioned else now  # when the controller learns the phase
-                        lit = self.rails.ensure(s, req, ask + rtt / 2 + command)
+                        lit = self.rails.ensure(req, ask + rtt / 2 + command)
                         ready = max(now + rtt, lit + rtt / 2 if lit > now else 0.0)
                         if ready - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
                             ready = now
