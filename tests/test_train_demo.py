@@ -104,3 +104,15 @@ def test_bad_configs_name_the_field(kwargs, field):
 def test_worker_rejects_a_world_that_does_not_match():
     with pytest.raises(ScenarioError, match="--ranks"):
         train_worker(0, 4, PARALLEL)
+
+
+def test_a_baseline_replica_in_the_same_processes_trains_the_same_losses(parallel):
+    """Paired measurement: a second replica on another backend's groups, in alternating blocks of steps,
+    computes bit-identical losses to a run of its own, and both medians leave out each block's first step."""
+    paired = run_demo(PARALLEL, backend="wrappedgloo", init=_register_wrapped_gloo, baseline="gloo", block=2)
+    assert paired["baseline"]["backend"] == "gloo"
+    assert paired["loss_bits"] == paired["baseline"]["loss_bits"] == parallel["loss_bits"]
+    assert paired["losses_consistent"] and paired["baseline"]["losses_consistent"]
+    for side in (paired, paired["baseline"]):
+        assert len(side["iteration_s"]) == PARALLEL.steps
+        assert side["median_iteration_s"] == side["iteration_s"][1]  # steps 0 and 2 start blocks

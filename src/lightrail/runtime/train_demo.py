@@ -252,8 +252,9 @@ class _Adam:
             p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-self.lr / c1)
 
 
-def _make_groups(layout: Layout, rank: int) -> dict[Dim, dist.ProcessGroup | None]:
-    """Create every TP, DP and PP group (dimensions of degree 1 get none) in the same order on all ranks.
+def _make_groups(layout: Layout, rank: int, backend: str | None = None) -> dict[Dim, dist.ProcessGroup | None]:
+    """Create every TP, DP and PP group (dimensions of degree 1 get none) in the same order on all ranks,
+    on ``backend`` (default: the default group's).
 
     Returns the groups this rank belongs to; None for a dimension of degree 1.
     """
@@ -263,7 +264,8 @@ def _make_groups(layout: Layout, rank: int) -> dict[Dim, dist.ProcessGroup | Non
         if layout.degree(dim) == 1:
             continue
         for i, ranks in enumerate(layout.groups(dim).tolist()):
-            group = dist.new_group(ranks, group_desc=f"{dim.value}{i}")
+            group = dist.new_group(ranks, group_desc=f"{dim.value}{i}{'-' + backend if backend else ''}",
+                                   backend=backend)
             if rank in ranks:
                 mine[dim] = group
     return mine
@@ -274,12 +276,16 @@ def _bits(value: float) -> int:
     return int(torch.tensor([value], dtype=torch.float32).view(torch.int32).item())
 
 
-def train_worker(rank: int, world: int, config: DemoConfig) -> dict:
+def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None = None, block: int = 5) -> dict:
     """Train ``config.steps`` steps as ``rank`` of ``world`` (default group already initialised).
 
     Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s"}``;
     ``losses`` (step losses averaged over the global batch, float32 values) and ``loss_bits`` (their
     float32 bit patterns) are empty except on the last pipeline stage.
+
+    With ``baseline`` (a backend name), a second replica of the model trains on groups of that backend
+    in the same processes, in alternating blocks of ``block`` steps (the baseline first in even
+    blocks), so both are timed under the same load; its results are under ``"baseline"``.
     """
     if world != config.world:
         raise ScenarioError(f"{world} ranks run a layout of tp({config.tp}) * pp({config.pp}) * dp({config.dp}) "
@@ -287,36 +293,54 @@ def train_worker(rank: int, world: int, config: DemoConfig) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many ranks share few cores
     try:
-        return _train(rank, config)
+        layout = config.layout()
+        main = _Replica(config, rank, _make_groups(layout, rank))
+        if baseline is None:
+            for step in range(config.steps):
+                main.step(step)
+            return main.result(rank)
+        other = _Replica(config, rank, _make_groups(layout, rank, baseline))
+        for first in range(0, config.steps, block):
+            steps = range(first, min(first + block, config.steps))
+            for replica in ((other, main) if first // block % 2 == 0 else (main, other)):
+                for step in steps:
+                    replica.step(step)
+        return {**main.result(rank), "baseline": other.result(rank)}
     finally:
+        torch_backend.shutdown()
         torch.set_num_threads(threads)
 
 
-def _train(rank: int, config: DemoConfig) -> dict:
-    layout = config.layout()
-    coords = {d: int(c) for d, c in layout.coords(rank).items()}
-    stage, tp_rank, dp_rank = coords[Dim.PP], coords[Dim.TP], coords[Dim.DP]
-    groups = _make_groups(layout, rank)
-    model = _Stage(config, stage, tp_rank, groups[Dim.TP])
-    params = list(model.parameters())
-    optimizer = _Adam(params, config.lr)
-    losses, times, requests = [], [], []
-    for step in range(config.steps):
+class _Replica:
+    """One copy of the model on one set of groups, with its losses, step times and controller requests."""
+
+    def __init__(self, config: DemoConfig, rank: int, groups: dict):
+        coords = {d: int(c) for d, c in config.layout().coords(rank).items()}
+        self.config, self.groups = config, groups
+        self.stage, self.tp_rank, self.dp_rank = coords[Dim.PP], coords[Dim.TP], coords[Dim.DP]
+        self.model = _Stage(config, self.stage, self.tp_rank, groups[Dim.TP])
+        self.params = list(self.model.parameters())
+        self.optimizer = _Adam(self.params, config.lr)
+        self.losses, self.times, self.requests = [], [], []
+
+    def step(self, step: int) -> None:
         start, sent = time.perf_counter(), torch_backend.requests_sent()
-        for p in params:
+        for p in self.params:
             p.grad = None
-        loss = _pipeline_step(config, model, step, stage, dp_rank, groups[Dim.PP])
-        loss = _sync_gradients(config, params, loss, groups[Dim.DP])
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-        requests.append(torch_backend.requests_sent() - sent)
+        loss = _pipeline_step(self.config, self.model, step, self.stage, self.dp_rank, self.groups[Dim.PP])
+        loss = _sync_gradients(self.config, self.params, loss, self.groups[Dim.DP])
+        self.optimizer.step()
+        self.times.append(time.perf_counter() - start)
+        self.requests.append(torch_backend.requests_sent() - sent)
         if loss is not None:
-            losses.append(loss)
-    controller = torch_backend.agent_stats()  # the lightrail backend's requests (none on plain gloo)
-    controller["requests_per_step"] = requests
-    torch_backend.shutdown()
-    return {"rank": rank, "stage": stage, "tp_rank": tp_rank, "dp_rank": dp_rank, "losses": losses,
-            "loss_bits": [_bits(x) for x in losses], "iteration_s": times, "controller": controller}
+            self.losses.append(loss)
+
+    def result(self, rank: int) -> dict:
+        controller = torch_backend.agent_stats()  # the lightrail backend's requests (none on plain gloo)
+        controller["requests_per_step"] = self.requests
+        return {"rank": rank, "stage": self.stage, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
+                "losses": self.losses, "loss_bits": [_bits(x) for x in self.losses], "iteration_s": self.times,
+                "controller": controller}
 
 
 def _pipeline_step(config: DemoConfig, model: _Stage, step: int, stage: int, dp_rank: int, pp_group):
@@ -371,7 +395,7 @@ def _sync_gradients(config: DemoConfig, params: list[nn.Parameter], loss, dp_gro
 
 
 def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], Any] | None = None,
-             pg_options: Any = None) -> dict:
+             pg_options: Any = None, baseline: str | None = None, block: int = 5) -> dict:
     """Train ``config`` on ``config.world`` spawned CPU processes over ``backend``; aggregate the results.
 
     ``init`` (picklable, no arguments) runs in every worker before the default group exists, e.g.
@@ -379,19 +403,27 @@ def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], An
     "losses_consistent", "iteration_s", "median_iteration_s", "ranks"}``: losses from the last
     stage's first rank, whether every last-stage rank reported the same bits, the per-step time
     (slowest rank), its median without the first (warm-up) step, and every rank's raw result.
+
+    With ``baseline``, a replica also trains on that backend in the same processes, in alternating
+    blocks of ``block`` steps (see :func:`train_worker`); its aggregate is under ``"baseline"``, and
+    both medians leave out the first step of every block (the first one after a switch of backend
+    finds the fabric as the other replica's block left it).
     """
-    results = run_processes(train_worker, config.world, config, backend=backend, init=init, pg_options=pg_options)
+    results = run_processes(train_worker, config.world, config, baseline, block, backend=backend, init=init,
+                            pg_options=pg_options)
+    skip = set(range(0, config.steps, block)) if baseline else {0}
+    out = {"config": asdict(config), "backend": backend, "world": config.world,
+           **_aggregate(config, results, skip), "ranks": results}
+    if baseline:
+        out["baseline"] = {"backend": baseline, **_aggregate(config, [r["baseline"] for r in results], skip)}
+    return out
+
+
+def _aggregate(config: DemoConfig, results: list[dict], skip: set[int]) -> dict:
     reporters = [r for r in results if r["stage"] == config.pp - 1]
     first = reporters[0]
     per_step = [max(r["iteration_s"][s] for r in results) for s in range(config.steps)]
-    return {
-        "config": asdict(config),
-        "backend": backend,
-        "world": config.world,
-        "losses": first["losses"],
-        "loss_bits": first["loss_bits"],
-        "losses_consistent": all(r["loss_bits"] == first["loss_bits"] for r in reporters),
-        "iteration_s": per_step,
-        "median_iteration_s": statistics.median(per_step[1:] or per_step),
-        "ranks": results,
-    }
+    kept = [t for s, t in enumerate(per_step) if s not in skip] or per_step
+    return {"losses": first["losses"], "loss_bits": first["loss_bits"],
+            "losses_consistent": all(r["loss_bits"] == first["loss_bits"] for r in reporters),
+            "iteration_s": per_step, "median_iteration_s": statistics.median(kept)}
