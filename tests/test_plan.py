@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lightrail.control.opus import LIGHTRAIL, ORIGINAL, OpusPlanner
 from lightrail.control.plan import is_matching, rail_circuits, runtime_plan, split_into_matchings, union
-from lightrail.fabric.circuits import CircuitState
+from lightrail.fabric.circuits import CircuitState, is_partial_permutation
 from lightrail.runtime.ocs import EmulatedOCS
 from lightrail.scenario import load_scenario, parse_scenario
 from lightrail.sim.iteration import simulate_iteration
@@ -121,6 +121,26 @@ def test_first_fit_matchings_are_valid_and_never_split_a_matching(raw):
     if is_matching(lay, union(lay, *reqs)):
         assert len(configs) == 1
     assert len(configs) >= _brute_force_fewest(lay, reqs) if len(reqs) <= 4 else True
+
+
+def test_runtime_plans_of_small_layouts_are_valid_and_plan_every_dimension():
+    """Over every small layout: each configuration is a partial permutation on every rail, no dimension
+    is left out, and the pipeline is one configuration exactly when PP <= 2 (rings of groups that share a
+    server, e.g. cp=3 on 2-GPU servers, can need two)."""
+    count = 0
+    for g, tp, cp, dp, pp in itertools.product((2, 4, 8), (1, 2, 4), (1, 2, 3), (1, 2, 3, 4, 6), (1, 2, 3, 4)):
+        try:
+            lay = Layout.from_degrees(tp * cp * dp * pp, tp=tp, cp=cp, dp=dp, pp=pp, gpus_per_server=g)
+        except Exception:  # noqa: BLE001 (layouts that do not fit servers)
+            continue
+        plan = runtime_plan(lay)
+        count += 1
+        assert plan.notes["unplanned"] == []
+        for name, perm in plan.configurations.items():
+            assert all(is_partial_permutation(row) for row in perm), (lay, name)
+        if pp > 1 and lay.servers >= pp:
+            assert plan.single_configuration("pp") == (pp <= 2)
+    assert count > 50
 
 
 def test_a_requirement_that_is_not_a_matching_is_refused():

@@ -178,11 +178,20 @@ def _ring(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def runtime_plan(layout: Layout, **policy) -> Plan:
     """The plan for the traffic the torch backend sees: a ring over every group of each dimension
-    (gloo's and NCCL's large-message collective) and the pipeline chain in both directions."""
+    (gloo's and NCCL's large-message collective) and the pipeline chain in both directions.
+
+    A dimension whose ring needs two circuits on one port (several members of a group behind one
+    NIC, in unusual layouts) is left out of the plan (``notes["unplanned"]``): its groups then check
+    in per op."""
     requirements: dict[str, list[Circuits]] = {}
+    unplanned = []
     for dim in (Dim.CP, Dim.EP, Dim.DP):
         if layout.degree(dim) > 1:
-            requirements[dim.value] = [rail_circuits(layout, *_ring(layout.groups(dim)))]
+            reqs = [rail_circuits(layout, *_ring(group[None, :])) for group in layout.groups(dim)]
+            if all(is_matching(layout, r) for r in reqs):
+                requirements[dim.value] = reqs
+            else:
+                unplanned.append(dim.value)
     if layout.pp > 1:
         stride = layout.stride(Dim.PP)
         reqs = []
@@ -193,4 +202,6 @@ def runtime_plan(layout: Layout, **policy) -> Plan:
             if stage > 0:
                 reqs.append(rail_circuits(layout, ranks, ranks - stride))
         requirements[Dim.PP.value] = reqs
-    return Plan.from_requirements(layout, requirements, **policy)[0]
+    plan = Plan.from_requirements(layout, requirements, **policy)[0]
+    plan.notes["unplanned"] = unplanned
+    return plan
