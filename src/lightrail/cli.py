@@ -921,7 +921,7 @@ def train_demo_cmd(
 
     config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=steps, ranks=ranks)
     delay = parse_time(ocs_delay, field="--ocs-delay")
-    progress, task = _progress(3, "train-demo", as_json)
+    progress, task = _progress(2, "train-demo", as_json)
     with progress:
         result = run_photonic_demo(config, ocs_delay_s=delay, mode=mode, gpus_per_server=gpus_per_server,
                                    progress=lambda what: progress.update(task, advance=1, description=what))
@@ -955,6 +955,7 @@ def train_demo_cmd(
         out.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
                   f"{'yes' if result['losses_identical'] else 'NO'}; unsafe reconfigurations: "
                   f"{int(result['unsafe_reconfigurations'])}")
+        out.print(f"measurement: {result['measurement']}", highlight=False)
         out.print(f"wrote {out_dir / 'train-demo.json'}, {out_dir / 'iterations.png'}")
     if not result["losses_identical"]:
         raise typer.Exit(1)
