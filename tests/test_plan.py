@@ -256,3 +256,31 @@ def test_on_demand_is_accepted_with_a_hyphen_in_scenarios():
     b = parse_scenario({"name": "t", "model": "debug", "cluster": {"gpus": 8},
                         "job": {"micro_batches": 1}, "ocs": {"mode": "on-demand"}}).build()
     assert b.params.mode == "on_demand"
+
+
+def test_gpipe_runs_every_forward_then_every_backward_in_reverse():
+    b = parse_scenario({"name": "t", "model": {"preset": "debug", "overrides": {"layers": 2}},
+                        "cluster": {"gpus": 4, "gpus_per_server": 1, "gpu": "h100"}, "parallel": {"pp": 2, "dp": 2},
+                        "job": {"micro_batches": 3, "dp_buckets": 1, "schedule": "gpipe"}}).build()
+    prog = build_program(b.job)
+    for ops in prog.stages:
+        labels = [op.label for op in ops if type(op).__name__ == "Compute"]
+        assert labels == ["F0", "F1", "F2", "B2", "B1", "B0"]
+        last_compute = max(i for i, op in enumerate(ops) if type(op).__name__ == "Compute")
+        assert any(getattr(op, "dim", None) is Dim.DP for op in ops[last_compute:])  # gradient sync after B0
+
+
+def test_a_bad_schedule_or_routing_names_its_field(tmp_path):
+    from typer.testing import CliRunner
+
+    from lightrail.cli import app
+
+    for section, value, fld in (("job", {"micro_batches": 1, "schedule": "zigzag"}, "job.schedule"),
+                                ("cluster", {"gpus": 8, "routing": "spray"}, "cluster.routing")):
+        scenario = {"name": "t", "model": "debug", "cluster": {"gpus": 8}, "job": {"micro_batches": 1}}
+        scenario[section] = value
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps(scenario))
+        result = CliRunner().invoke(app, ["simulate", str(path), "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2 and fld in result.output
+        assert not (tmp_path / "out").exists()
