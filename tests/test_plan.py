@@ -284,3 +284,15 @@ def test_a_bad_schedule_or_routing_names_its_field(tmp_path):
         result = CliRunner().invoke(app, ["simulate", str(path), "--out", str(tmp_path / "out")])
         assert result.exit_code == 2 and fld in result.output
         assert not (tmp_path / "out").exists()
+
+
+def test_sweep_table_shows_where_the_overhead_goes(tmp_path):
+    from typer.testing import CliRunner
+
+    from lightrail.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", str(EXAMPLES / "opus-testbed-llama3-8b-16xa100.yaml"), "--delays",
+                                      "10ms", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for text in ("where the overhead goes", "switching", "drain wait", "control", "lost overlap", "PXN"):
+        assert text in result.output

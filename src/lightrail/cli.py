@@ -877,8 +877,23 @@ def sweep_cmd(
                       if (r["policy"], r["mode"], r["delay_s"]) == (policy, m, d)) for policy, m in keys]
         table.add_row(format_time(d) if d else "0", *cells)
     out.print(table)
+    mode = built.params.mode.replace("_", "-")
+    parts = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"), ("control_plane_s", "control"),
+             ("lost_overlap_s", "lost overlap"))
+    split = Table(title=f"where the overhead goes ({mode}): {' + '.join(lbl for _, lbl in parts)}")
+    split.add_column("delay", justify="right")
+    split.add_column("policy")
+    for _, lbl in parts:
+        split.add_column(lbl, justify="right")
+    for d in values:
+        for policy in ("opus", "lightrail"):
+            row = next(r for r in result["rows"] if (r["policy"], r["mode"], r["delay_s"]) == (policy, mode, d))
+            split.add_row(format_time(d) if d else "0", policy,
+                          *(_signed_time(row["overhead_breakdown_s"][k]) for k, _ in parts),
+                          end_section=policy == "lightrail" and d != values[-1])
+    out.print(split)
     out.print(f"in brackets: reconfigurations per rail per iteration; electrical rails routed by "
-              f"{result['routing'].upper()}; each row's overhead_breakdown_s is in the JSON", highlight=False)
+              f"{result['routing'].upper()}; every row's overhead_breakdown_s is in the JSON", highlight=False)
     out.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'overhead.png'}")
 
 
