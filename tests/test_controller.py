@@ -880,19 +880,28 @@ def ack(c: Controller, job: str, rank: int, key: str, lease: int, ops: int, insi
     return c.ack(Ack(op="ack", job=job, rank=rank, key=key, lease=lease, ops=ops, inside=inside))
 
 
-def lease_pair(c: Controller, pushed: list) -> None:
-    """Group A = ranks 0, 1 on rail0 ports 0 <-> 1; B = ranks 0, 2 on ports 0 <-> 2 (conflicts with A)."""
+def lease_pair() -> tuple[Controller, VirtualTime, list]:
+    """A controller in virtual time with group A = ranks 0, 1 on rail0 ports 0 <-> 1 and B = ranks 0, 2 on
+    ports 0 <-> 2 (conflicts with A); returns it, its clock and the list of messages it pushes."""
+    c, vt = make()
+    pushed: list = []
     c.notify = lambda job, rank, message: pushed.append((rank, message))
     job_of(c)
     declare(c, "j", "A", [0, 1], {"rail0": {0: 1, 1: 0}}, phase="dp")
     declare(c, "j", "B", [0, 2], {"rail0": {0: 2, 2: 0}}, phase="pp")
+    return c, vt, pushed
+
+
+async def lease_a(c: Controller, vt: VirtualTime) -> None:
+    """Ranks 0 and 1 take group A on a lease."""
+    for r in (0, 1):
+        acquire(c, "j", r, "A", lease=True)
+    await vt.settle()
 
 
 def test_a_lease_holds_across_ops_until_another_group_needs_its_ports():
     async def run():
-        c, vt = make()
-        pushed = []
-        lease_pair(c, pushed)
+        c, vt, pushed = lease_pair()
         fa = [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
         await vt.settle()
         assert [f.result() for f in fa] == [{"lease": 1}, {"lease": 1}]
@@ -928,11 +937,8 @@ def test_a_lease_holds_across_ops_until_another_group_needs_its_ports():
 
 def test_a_holder_inside_an_op_releases_when_it_completes():
     async def run():
-        c, vt = make()
-        pushed = []
-        lease_pair(c, pushed)
-        [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
-        await vt.settle()
+        c, vt, pushed = lease_pair()
+        await lease_a(c, vt)
         fb = [acquire(c, "j", r, "B") for r in (0, 2)]
         ack(c, "j", 1, "A", 1, ops=2, inside=True)
         ack(c, "j", 0, "A", 1, ops=2)  # rank 0 ran its second op (it is waiting for B now)
@@ -950,11 +956,8 @@ def test_a_member_behind_runs_its_remaining_ops_before_the_ports_are_freed():
     """A sender finished its 4 sends under the lease, the receiver took 1 when the revoke came: the
     circuit stays lit until the receiver has the other 3 (granted at once, up to the sender's count)."""
     async def run():
-        c, vt = make()
-        pushed = []
-        lease_pair(c, pushed)
-        [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
-        await vt.settle()
+        c, vt, pushed = lease_pair()
+        await lease_a(c, vt)
         fb = [acquire(c, "j", r, "B") for r in (0, 2)]  # rank 0 (the sender) moved on to B
         ack(c, "j", 0, "A", 1, ops=4)
         ack(c, "j", 1, "A", 1, ops=1)
@@ -974,11 +977,8 @@ def test_a_member_behind_runs_its_remaining_ops_before_the_ports_are_freed():
 
 def test_a_peer_that_acked_before_entering_the_op_another_member_waits_in_rejoins_it():
     async def run():
-        c, vt = make()
-        pushed = []
-        lease_pair(c, pushed)
-        [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
-        await vt.settle()
+        c, vt, pushed = lease_pair()
+        await lease_a(c, vt)
         fb = [acquire(c, "j", r, "B", op="prepare") for r in (0, 2)]  # B announced (provisioned)
         assert fb == [None, None] and len(pushed) == 2
         ack(c, "j", 0, "A", 1, ops=3, inside=True)  # rank 0 is inside its third op, waiting for rank 1
@@ -995,16 +995,13 @@ def test_a_peer_that_acked_before_entering_the_op_another_member_waits_in_rejoin
 
 def test_a_lease_is_granted_only_if_every_member_asked_for_one_and_ends_only_by_revoke():
     async def run():
-        c, vt = make()
-        pushed = []
-        lease_pair(c, pushed)
+        c, vt, pushed = lease_pair()
         fa = [acquire(c, "j", 0, "A", lease=True), acquire(c, "j", 1, "A")]
         await vt.settle()
         assert [f.result() for f in fa] == [None, None] and c.groups[("j", "A")].lease is None
         for r in (0, 1):
             release(c, "j", r, "A")
-        [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
-        await vt.settle()
+        await lease_a(c, vt)
         with pytest.raises(ScenarioError) as e:
             release(c, "j", 0, "A")
         assert e.value.field == "key" and "ack" in e.value.message
@@ -1016,11 +1013,8 @@ def test_a_lease_is_granted_only_if_every_member_asked_for_one_and_ends_only_by_
 
 def test_a_disconnected_ranks_leases_vanish():
     async def run():
-        c, vt = make()
-        pushed = []
-        lease_pair(c, pushed)
-        [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
-        await vt.settle()
+        c, vt, pushed = lease_pair()
+        await lease_a(c, vt)
         fb = [acquire(c, "j", r, "B") for r in (0, 2)]
         await vt.settle()
         ack(c, "j", 0, "A", 1, ops=1)

@@ -377,7 +377,7 @@ def simulate_cmd(
     power and cost, the policy ablation; writes a Perfetto trace and a breakdown plot."""
     from lightrail.report.files import write_json
     from lightrail.report.plots import plot_breakdown, plot_overhead_breakdown
-    from lightrail.sim.photonic_rails import ABLATION, compare_rails
+    from lightrail.sim.photonic_rails import ABLATION, BREAKDOWN, compare_rails
     from lightrail.sim.trace import chrome_trace
 
     built = _built(scenario, delay, mode)
@@ -421,8 +421,7 @@ def simulate_cmd(
     table.add_row("rail network cost", f"${ce['capex_usd'] / 1e6:,.2f}M", f"${cp['capex_usd'] / 1e6:,.2f}M")
     table.add_row("electrical / photonic", "", f"power {result['power_ratio']:.1f}x, cost {result['cost_ratio']:.2f}x")
     out.print(table)
-    parts = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"), ("control_plane_s", "control"),
-             ("lost_overlap_s", "lost overlap"))
+    parts = BREAKDOWN
     mode_name = built.params.mode.replace("_", "-")
     ablation = Table(title=f"policy ablation ({mode_name}): the published Opus policy, then lightrail's knobs")
     for col in ("policy", "iteration", "overhead", "reconfigs / rail", "round trips / rank"):
@@ -851,7 +850,7 @@ def sweep_cmd(
     """Sweep the OCS reconfiguration delay in both modes (lightrail's policy and the original Opus)."""
     from lightrail.report.files import write_json
     from lightrail.report.plots import plot_delay_sweep
-    from lightrail.sim.photonic_rails import delay_sweep
+    from lightrail.sim.photonic_rails import BREAKDOWN, delay_sweep
 
     values = [parse_time(d, field="--delays") for d in delays.split(",") if d.strip()]
     if not values:
@@ -878,8 +877,7 @@ def sweep_cmd(
         table.add_row(format_time(d) if d else "0", *cells)
     out.print(table)
     mode = built.params.mode.replace("_", "-")
-    parts = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"), ("control_plane_s", "control"),
-             ("lost_overlap_s", "lost overlap"))
+    parts = BREAKDOWN
     split = Table(title=f"where the overhead goes ({mode}): {' + '.join(lbl for _, lbl in parts)}")
     split.add_column("delay", justify="right")
     split.add_column("policy")

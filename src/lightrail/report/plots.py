@@ -71,8 +71,8 @@ def plot_breakdown(rows: dict[str, dict], path: Path, *, title: str) -> Path:
     return _save(fig, path)
 
 
-OVERHEAD_PARTS = (("switching_delay_s", "switching delay", "#C44E52"), ("drain_wait_s", "drain wait", "#DD8452"),
-                  ("control_plane_s", "control plane", "#8172B2"), ("lost_overlap_s", "lost overlap", "#937860"))
+_OVERHEAD_COLOURS = {"switching_delay_s": "#C44E52", "drain_wait_s": "#DD8452", "control_plane_s": "#8172B2",
+                     "lost_overlap_s": "#937860"}
 
 
 def plot_overhead_breakdown(rows: Sequence[dict], path: Path, *, title: str) -> Path:
@@ -81,7 +81,10 @@ def plot_overhead_breakdown(rows: Sequence[dict], path: Path, *, title: str) -> 
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.8))
     names = [r["policy"] for r in rows]
     pos, neg = [0.0] * len(rows), [0.0] * len(rows)
-    for key, label, color in OVERHEAD_PARTS:
+    from lightrail.sim.photonic_rails import BREAKDOWN
+
+    for key, label in BREAKDOWN:
+        color = _OVERHEAD_COLOURS[key]
         values = [r["overhead_breakdown_s"][key] * 1e3 for r in rows]
         lefts = [p if v >= 0 else n + v for v, p, n in zip(values, pos, neg, strict=True)]
         ax.barh(names, [abs(v) for v in values], left=lefts, label=label, color=color)

@@ -89,12 +89,12 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
     so two electrical simulations give ``a`` and ``b``. What the CPU spends in gloo's loopback
     transfers is folded into the compute rate.
     """
-    from lightrail.sim.photonic_rails import compare_rails
+    from lightrail.sim.photonic_rails import JobRuns
 
     def electrical(peak: float) -> float:
         built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, mode="provisioned", leases=True,
                           peak_tflops=peak, check_in_rtt_s=None).build()
-        return float(compare_rails(built)["baseline_iteration_time_s"])
+        return JobRuns(built.job).electrical(built.fabric).iteration_time_s
 
     p1, p2 = 1e-3, 2e-3
     t1, t2 = electrical(p1), electrical(p2)
@@ -112,16 +112,17 @@ def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: flo
     (GPipe), OCS delay, mode and lease policy. With ``peak_tflops`` (see :func:`calibrated_peak_tflops`)
     the model computes at this CPU's speed, so its overhead can be set beside the measured one; with
     ``check_in_rtt_s`` a controller round trip costs what it cost in the run."""
-    from lightrail.sim.photonic_rails import compare_rails
+    from lightrail.sim.photonic_rails import JobRuns, overhead_breakdown
 
     built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, mode=mode, leases=leases,
                       peak_tflops=peak_tflops, check_in_rtt_s=check_in_rtt_s).build()
-    result = compare_rails(built)
-    photonic, electrical = float(result["iteration_time_s"]), float(result["baseline_iteration_time_s"])
+    runs = JobRuns(built.job)  # the photonic run and its electrical baseline, as `simulate` computes them
+    result = runs(built.fabric, built.params)
+    photonic, electrical = result.iteration_time_s, runs.electrical(built.fabric).iteration_time_s
     return {"iteration_s": photonic, "electrical_iteration_s": electrical, "overhead_s": photonic - electrical,
-            "reconfigurations_per_rail_per_iteration": float(result["reconfigurations_per_iteration"]),
-            "controller_round_trips_per_iteration": result.get("controller_round_trips_per_iteration"),
-            "overhead_breakdown_s": result.get("overhead_breakdown_s"),
+            "reconfigurations_per_rail_per_iteration": result.reconfigurations_per_iteration,
+            "controller_round_trips_per_iteration": result.controller_round_trips_per_iteration,
+            "overhead_breakdown_s": overhead_breakdown(runs, built.fabric, built.params, photonic, electrical),
             "peak_tflops": peak_tflops, "check_in_rtt_s": check_in_rtt_s, "leases": leases, "schedule": "gpipe"}
 
 

@@ -234,19 +234,21 @@ class _Rails:
             if stage >= 0:
                 self._drop(stage)
 
-    def _free(self, tx_ports, rx_ports, decision: float) -> float:
-        """When the controller may switch these ports: their last traffic's release has arrived, and a
-        lease on them was revoked and acknowledged (a group's lease has holders besides the asking rank,
-        even when its own stage leased it: the revoke is a round trip)."""
+    def _free(self, tx_ports, rx_ports, decision: float) -> np.ndarray:
+        """Per rail, when the controller may switch these (rail, port) arrays: their last traffic's release
+        has arrived, and a lease on them was revoked and acknowledged (a group's lease has holders besides
+        the asking rank, even when its own stage leased it: the revoke is a round trip)."""
+        rails = len(self.holds)
         if not self.fabric.drain:
-            return 0.0
+            return np.zeros(rails)
         half = self.fabric.rtt / 2
-        busy = max(self.state.tx_busy[tx_ports].max(initial=0.0), self.state.rx_busy[rx_ports].max(initial=0.0))
-        free = busy + half
-        held = self.tx_lease[tx_ports], self.rx_lease[rx_ports]
-        if any(np.any(h >= 0) for h in held):  # revoke; a holder inside an op acks when it ends
-            free = max(decision + half, busy) + half
-        return free
+        busy, held = np.zeros(rails), np.zeros(rails, bool)
+        for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
+                                          (rx_ports, self.state.rx_busy, self.rx_lease)):
+            np.maximum.at(busy, rail, when[rail, port])
+            np.logical_or.at(held, rail, lease[rail, port] >= 0)
+        # revoke: a holder inside an op acks when it ends
+        return np.where(held, np.maximum(decision + half, busy) + half, busy + half)
 
     # -- switching -------------------------------------------------------------------------------------
     def ensure(self, req: Requirement, decision: float) -> float:
@@ -278,9 +280,10 @@ class _Rails:
             if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
                 self.holds[r] = req.phase
                 continue
-            start = max(decision, self._free((r, ports), (r, ports), decision))  # drain the whole rail
+            whole = (np.full(len(ports), r), ports)
+            start = max(decision, float(self._free(whole, whole, decision)[r]))  # drain the whole rail
             end, changed = self.state.rewrite(r, new, start)
-            self._revoke((r, ports), (r, ports))
+            self._revoke(whole, whole)
             self.holds[r] = req.phase
             self.reconfigs.append((int(r), start, end, changed, req.phase))
 
@@ -290,10 +293,7 @@ class _Rails:
         (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = self.state.switched_ports(rail, tx, rx)
         if not len(m_rail):
             return
-        start = np.full(len(self.holds), float(decision))
-        for r in np.unique(m_rail):
-            a, b = tx_rail == r, rx_rail == r
-            start[r] = max(decision, self._free((tx_rail[a], tx_port[a]), (rx_rail[b], rx_port[b]), decision))
+        start = np.maximum(decision, self._free((tx_rail, tx_port), (rx_rail, rx_port), decision))
         self.state.apply(rail, tx, rx, start)
         self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
         counts = np.bincount(m_rail, minlength=len(self.holds))

@@ -11,7 +11,7 @@ from lightrail.sim.cost import compare
 from lightrail.sim.iteration import IterationResult, OpDurations, RailFabric, simulate_iteration
 from lightrail.workload.program import build_program
 
-__all__ = ["ABLATION", "BREAKDOWN", "compare_rails", "delay_sweep", "overhead_breakdown"]
+__all__ = ["ABLATION", "BREAKDOWN", "JobRuns", "compare_rails", "delay_sweep", "overhead_breakdown"]
 
 _KNOB_LABELS = {"skip_present": "+ skip if present", "partial": "+ partial reconfiguration",
                 "split_pp": "+ split pipeline rails", "defer_dp": "+ deferred DP buckets", "leases": "+ leases"}
@@ -19,11 +19,13 @@ ABLATION: tuple[tuple[str, dict], ...] = (("opus (original)", {}),) + tuple(
     (_KNOB_LABELS[k], {j: True for j in KNOBS[: i + 1]}) for i, k in enumerate(KNOBS))
 """Policies from the published Opus to all of lightrail's improvements, each adding one."""
 
-BREAKDOWN = ("switching_delay_s", "drain_wait_s", "control_plane_s", "lost_overlap_s")
-"""Parts of the photonic overhead (``overhead_breakdown``), summing to photonic minus electrical time."""
+BREAKDOWN = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"), ("control_plane_s", "control"),
+             ("lost_overlap_s", "lost overlap"))
+"""Parts of the photonic overhead (``overhead_breakdown``) and their labels, summing to photonic minus
+electrical time."""
 
 
-class _Runs:
+class JobRuns:
     """Simulations of one job that share what does not depend on the delay or the controller's latency:
     the programs, the planners (circuits, plans) and the op durations."""
 
@@ -49,7 +51,7 @@ class _Runs:
         return simulate_iteration(build_program(self.job), replace(fabric, kind="electrical"))
 
 
-def overhead_breakdown(runs: _Runs | object, fabric: RailFabric, params: OpusParams, photonic_s: float,
+def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: OpusParams, photonic_s: float,
                        electrical_s: float) -> dict:
     """Photonic minus electrical iteration time, in named parts, by removing one cause at a time.
 
@@ -61,14 +63,12 @@ def overhead_breakdown(runs: _Runs | object, fabric: RailFabric, params: OpusPar
     - ``lost_overlap_s``: the rest against electrical rails: the program the photonic policy runs
       (deferred DP), phases that cannot share ports and circuit routing. It can be negative.
 
-    The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs). ``runs`` is
-    a job (a TrainingJob) or the runner of one.
+    The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs).
     """
-    run = runs if isinstance(runs, _Runs) else _Runs(runs)
     quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0)
-    no_control = run(quiet, params).iteration_time_s
-    no_delay = run(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
-    no_drain = run(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
+    no_control = runs(quiet, params).iteration_time_s
+    no_delay = runs(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
+    no_drain = runs(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
     return {"switching_delay_s": no_control - no_delay, "drain_wait_s": no_delay - no_drain,
             "control_plane_s": photonic_s - no_control, "lost_overlap_s": no_drain - electrical_s}
 
@@ -78,7 +78,7 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
     ablation of policies in the scenario's mode, and power and cost; one JSON-ready dict."""
     job, fabric, params = built.job, built.fabric, built.params
     step = progress or (lambda name: None)
-    runs = _Runs(job)
+    runs = JobRuns(job)
     electrical = runs.electrical(fabric)
     step("electrical")
     photonic = runs(fabric, params)
@@ -135,7 +135,7 @@ def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[str] = ("on_d
     """Overhead of photonic rails (scenario policy, and the published Opus) against the OCS delay, with
     each row's overhead broken down (``overhead_breakdown``)."""
     job, fabric, params = built.job, built.fabric, built.params
-    runs = _Runs(job)
+    runs = JobRuns(job)
     base = runs.electrical(fabric).iteration_time_s
     rows = []
     for policy_name, policy in (("lightrail", params), ("opus", ORIGINAL)):
