@@ -565,6 +565,41 @@ def watch(c: Controller, violations: list[str], busy) -> None:
     c._grant = grant
 
 
+async def drive(h, steps: int, *, stop_early: bool) -> None:
+    """Random interleavings of ``h``'s ranks (timers fired and the loop yielded at random when bursty),
+    checked after every step; then liveness: every rank finishes its program, or the run fails saying
+    where it is stuck. ``stop_early``: end the random phase once every program counter is at its end."""
+    ranks = list(h.phase)
+    for _ in range(steps):
+        if stop_early and all(h.pc[r] >= len(h.programs[r]) for r in ranks):
+            break
+        roll = h.rng.random()
+        if h.bursty and roll < 0.2:
+            h.vt.fire()
+        elif h.bursty and roll < 0.4:
+            await asyncio.sleep(0)
+        else:
+            h.step(h.rng.choice(ranks))
+        h.check()
+        if not h.bursty:
+            await h.vt.settle(h.check)
+    for _ in range(10_000):  # blocked acquires are granted once holders release
+        await h.vt.settle(h.check)
+        if all(h.finished(r) for r in ranks):
+            break
+        before = h.progress()
+        for r in ranks:
+            h.step(r, drain=True)
+            h.check()
+            if not h.bursty:
+                await h.vt.settle(h.check)
+        await h.vt.settle(h.check)
+        if h.progress() == before:
+            raise AssertionError(f"seed {h.seed}: no progress; {h.stuck()}")
+    else:
+        raise AssertionError(f"seed {h.seed}: did not finish")
+
+
 class Harness:
     """Ranks that run an SPMD program, interleaved at random, with the safety invariants checked after
     every step. Each job has a global sequence of collectives (groups); each rank walks, in that order,
@@ -605,6 +640,17 @@ class Harness:
                 self.pc[(job, r)] = 0
                 self.phase[(job, r)] = "idle"
         self._wrap()
+
+    def finished(self, r) -> bool:
+        return self.phase[r] == "idle" and self.pc[r] >= len(self.programs[r])
+
+    def progress(self):
+        return dict(self.phase), dict(self.pc)
+
+    def stuck(self) -> str:
+        groups = {f"{g.job}/{g.key}": (g.status, sorted(g.intents), sorted(g.holders))
+                  for g in self.c.groups.values() if g.intents}
+        return f"groups {groups}"
 
     def _wrap(self) -> None:
         """Check at the moment of every switch change and every grant (not only after the fact)."""
@@ -697,36 +743,7 @@ class Harness:
         return True
 
     async def run(self, steps: int = 150) -> None:
-        ranks = list(self.phase)
-        for _ in range(steps):
-            roll = self.rng.random()
-            if self.bursty and roll < 0.2:
-                self.vt.fire()
-            elif self.bursty and roll < 0.4:
-                await asyncio.sleep(0)
-            else:
-                self.step(self.rng.choice(ranks))
-            self.check()
-            if not self.bursty:
-                await self.vt.settle(self.check)
-        # liveness: every rank finishes its program (blocked acquires are granted once holders release)
-        for _ in range(10_000):
-            await self.vt.settle(self.check)
-            if all(self.phase[r] == "idle" and self.pc[r] >= len(self.programs[r]) for r in ranks):
-                break
-            before = dict(self.phase), dict(self.pc)
-            for r in ranks:
-                self.step(r, drain=True)
-                self.check()
-                if not self.bursty:
-                    await self.vt.settle(self.check)
-            await self.vt.settle(self.check)
-            if (self.phase, self.pc) == before:
-                stuck = {f"{g.job}/{g.key}": (g.status, sorted(g.intents), sorted(g.holders))
-                         for g in self.c.groups.values() if g.intents}
-                raise AssertionError(f"seed {self.seed}: no progress; groups {stuck}")
-        else:
-            raise AssertionError(f"seed {self.seed}: did not finish")
+        await drive(self, steps, stop_early=False)
         assert all(f.done() and not f.cancelled() for f in self.futures.values())
         assert all(g.status == "idle" and not g.intents and not g.holders and not g.waiters
                    for g in self.c.groups.values())
@@ -1117,6 +1134,17 @@ class LeaseHarness:
         return {(rank[0], key) for rank, leases in self.leases.items() for key, lease in leases.items()
                 if not lease["revoked"] or lease["in_op"]}
 
+    def finished(self, r) -> bool:
+        return self.phase[r] == "idle" and self.pc[r] >= len(self.programs[r]) and not self.inbox[r]
+
+    def progress(self):
+        return dict(self.phase), dict(self.pc), sum(map(len, self.inbox.values()))
+
+    def stuck(self) -> str:
+        groups = {f"{g.job}/{g.key}": (g.status, g.lease, sorted(g.intents), sorted(g.holders), g.ops)
+                  for g in self.c.groups.values() if g.intents or g.holders}
+        return f"pcs {self.pc}; groups {groups}"
+
     def _wrap(self) -> None:
         def busy(g):
             if g.active() and g.status != "applying" or (g.job, g.key) in self._in_flight() | self._leased():
@@ -1260,38 +1288,7 @@ class LeaseHarness:
         return True
 
     async def run(self, steps: int = 1500) -> None:
-        ranks = list(self.phase)
-        for _ in range(steps):
-            if all(self.pc[r] >= len(self.programs[r]) for r in ranks):
-                break
-            roll = self.rng.random()
-            if self.bursty and roll < 0.2:
-                self.vt.fire()
-            elif self.bursty and roll < 0.4:
-                await asyncio.sleep(0)
-            else:
-                self.step(self.rng.choice(ranks))
-            self.check()
-            if not self.bursty:
-                await self.vt.settle(self.check)
-        for _ in range(10_000):  # liveness: every rank finishes its program
-            await self.vt.settle(self.check)
-            if all(self.phase[r] == "idle" and self.pc[r] >= len(self.programs[r]) and not self.inbox[r]
-                   for r in ranks):
-                break
-            before = dict(self.phase), dict(self.pc), sum(map(len, self.inbox.values()))
-            for r in ranks:
-                self.step(r, drain=True)
-                self.check()
-                if not self.bursty:
-                    await self.vt.settle(self.check)
-            await self.vt.settle(self.check)
-            if (self.phase, self.pc, sum(map(len, self.inbox.values()))) == before:
-                stuck = {f"{g.job}/{g.key}": (g.status, g.lease, sorted(g.intents), sorted(g.holders), g.ops)
-                         for g in self.c.groups.values() if g.intents or g.holders}
-                raise AssertionError(f"seed {self.seed}: no progress; pcs {self.pc}; groups {stuck}")
-        else:
-            raise AssertionError(f"seed {self.seed}: did not finish")
+        await drive(self, steps, stop_early=True)
         assert all(f.done() and not f.cancelled() for f in self.futures.values())
         for g in self.c.groups.values():  # what is left: idle groups, and leases nobody needed back
             assert not g.waiters and not g.intents, (self.seed, g)
