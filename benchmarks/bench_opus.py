@@ -17,7 +17,7 @@ import numpy as np
 from lightrail.cli import DEFAULT_DELAYS
 from lightrail.scenario import load_scenario, parse_scenario
 from lightrail.sim.iteration import simulate_iteration
-from lightrail.sim.photonic_rails import compare_rails, delay_sweep
+from lightrail.studies.rails import compare_rails, delay_sweep
 from lightrail.units import parse_time
 from lightrail.workload.program import build_program
 

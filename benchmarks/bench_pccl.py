@@ -15,8 +15,9 @@ import time
 import numpy as np
 
 from lightrail.collectives import generate
-from lightrail.control.pccl import Planner, ReconfigurableFabric
-from lightrail.sim.collective_study import StudyGrid, collective_study
+from lightrail.control.pccl import Planner
+from lightrail.fabric.params import ReconfigurableFabric
+from lightrail.studies.collective_study import StudyGrid, collective_study
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import torch
 
 from lightrail.report.files import write_json
 from lightrail.report.plots import plot_straggler_run
-from lightrail.runtime.straggler_run import measure_straggler
+from lightrail.studies.straggler_run import measure_straggler
 from lightrail.units import format_size, format_time, parse_size, parse_time
 
 RANKS = 8

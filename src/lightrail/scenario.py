@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lightrail.control.opus import OpusParams
 from lightrail.errors import ScenarioError
-from lightrail.sim.cost import CostFacts
-from lightrail.sim.iteration import CHECK_IN_RTT, COMMAND_LATENCY, RailFabric
+from lightrail.fabric.params import CHECK_IN_RTT, COMMAND_LATENCY, RECONFIG_DELAY, RailFabric
+from lightrail.studies.cost import CostFacts
 from lightrail.units import parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
 from lightrail.workload.hardware import GPU, gpu
@@ -74,13 +74,15 @@ class JobSection(_Strict):
 
 
 class OcsSection(_Strict):
-    reconfig_delay: str = Field("10ms", description="OCS reconfiguration delay (MEMS: 10-25 ms).")
+    reconfig_delay: str = Field(f"{RECONFIG_DELAY * 1e3:g}ms",
+                                description="OCS reconfiguration delay (MEMS: 10-25 ms).")
     check_in_rtt: str = Field(f"{CHECK_IN_RTT * 1e3:g}ms", description="Round trip of a rank's check-in with the "
                               "controller (default: lightrail's controller, measured; see sim/iteration.py).")
     command_latency: str = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision to "
                                  "the start of a reconfiguration (default: measured, see sim/iteration.py).")
-    mode: Literal["on_demand", "provisioned", "on-demand"] = Field("provisioned", description="When to reconfigure: "
-                                                                   "on-demand (or on_demand) or provisioned.")
+    mode: Literal["on-demand", "provisioned", "on_demand"] = Field("provisioned", description="When to reconfigure: "
+                                                                   "on-demand or provisioned (on_demand, the old "
+                                                                   "spelling, is still read).")
     partial: bool = Field(True, description="Reconfigure only the ports that change (Opus: whole switch).")
     skip_present: bool = Field(True, description="Skip a reconfiguration when the circuits are already there.")
     split_pp: bool = Field(True, description="Forward pipeline traffic on even rails, backward on odd rails.")
@@ -120,7 +122,7 @@ class Scenario(_Strict):
                             check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
                             command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"))
         knobs = self.ocs.model_dump(exclude={"reconfig_delay", "check_in_rtt", "command_latency"})
-        params = OpusParams(**{**knobs, "mode": knobs["mode"].replace("-", "_")})
+        params = OpusParams(**knobs)
         known = {f.name for f in fields(CostFacts)}
         unknown = sorted(set(self.costs) - known)
         if unknown:
@@ -167,7 +169,7 @@ DEFAULT_SCENARIO: dict = {
     "cluster": {"gpus": 2048, "gpus_per_server": 8, "gpu": "h200", "rail_bandwidth": "400Gbps"},
     "parallel": {"tp": 8, "pp": 8, "dp": 32},
     "job": {"micro_batches": 16, "micro_batch_size": 1, "mfu": 0.4, "dp_buckets": 4},
-    "ocs": {"reconfig_delay": "10ms", "mode": "provisioned"},
+    "ocs": {"reconfig_delay": f"{RECONFIG_DELAY * 1e3:g}ms", "mode": "provisioned"},
 }
 """Llama-3 70B on 2,048 H200 GPUs, TP8 x PP8 x DP32, 400 Gb/s rails, OCS delay 10 ms."""
 

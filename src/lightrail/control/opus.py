@@ -34,27 +34,23 @@ Policy knobs (``OpusParams``), the published Opus first (``ORIGINAL``), lightrai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from lightrail.collectives import generate
-from lightrail.control.plan import NO_CIRCUITS, Circuits, Plan, is_matching, rail_circuits, union
-from lightrail.errors import ScenarioError
+from lightrail.control.plan import NO_CIRCUITS, Circuits, Mode, Plan, is_matching, rail_circuits, union
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.workload.parallel import Dim, Layout
 from lightrail.workload.program import Collective, Op, Program, Send
 
 __all__ = ["OpusParams", "OpusPlanner", "Requirement", "ORIGINAL", "LIGHTRAIL", "KNOBS", "is_rail_configuration"]
 
-Mode = Literal["on_demand", "provisioned"]
-
-
 @dataclass(frozen=True, kw_only=True)
 class OpusParams:
     """How the control plane reconfigures photonic rails (see the module docstring)."""
 
-    mode: Mode = "provisioned"
+    mode: Mode = Mode.PROVISIONED
+    """When to switch; a string (``"on-demand"``, the old ``"on_demand"``, ``"provisioned"``) is read as a Mode."""
     partial: bool = True
     skip_present: bool = True
     split_pp: bool = True
@@ -62,8 +58,7 @@ class OpusParams:
     leases: bool = True
 
     def __post_init__(self):
-        if self.mode not in ("on_demand", "provisioned"):
-            raise ScenarioError(f"unknown mode {self.mode!r}", field="opus.mode", fix="use on_demand or provisioned")
+        object.__setattr__(self, "mode", Mode.parse(self.mode, field="ocs.mode"))
 
     @property
     def label(self) -> str:

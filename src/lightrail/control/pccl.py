@@ -17,87 +17,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from lightrail.collectives.schedule import Schedule
-from lightrail.errors import InfeasibleError, ScenarioError
-from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, torus
-from lightrail.fabric.topology import NodeKind, Topology
+from lightrail.errors import InfeasibleError
+from lightrail.fabric.params import ReconfigurableFabric
 from lightrail.timing import Engine, StepModel
 
-__all__ = ["ReconfigurableFabric", "Plan", "Planner", "Choice", "choose", "edge_colouring"]
-
-Base = Literal["none", "ring", "torus"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReconfigurableFabric:
-    """n GPUs with ``ports`` optical ports each into a circuit switch, over an optional static base."""
-
-    n: int
-    ports: int = 2
-    base: Base = "none"
-    bandwidth: float = NIC_BANDWIDTH
-    """Per optical port and per base link, bytes/s."""
-    latency: float = 1e-6
-    """Per hop (switching, serialisation), seconds."""
-    propagation: float = 0.0
-    """Fibre delay added to every circuit hop (5 ns/m, DESIGN.md), seconds."""
-    reconfig_delay: float = 10e-6
-    alpha: float = 3e-6
-    initial: Literal["ring", "none"] = "ring"
-    """Circuits installed before the collective: a bidirectional ring (uses up to two ports) or none."""
-
-    def __post_init__(self):
-        if self.n < 2:
-            raise ScenarioError(f"{self.n} GPUs", field="ranks", fix="use 2 or more")
-        if self.ports < 1:
-            raise ScenarioError(f"{self.ports} ports", field="ports", fix="use 1 or more optical ports per GPU")
-        if self.base not in ("none", "ring", "torus"):
-            raise ScenarioError(f"unknown base {self.base!r}", field="base", fix="use none, ring or torus")
-        if self.reconfig_delay < 0 or self.propagation < 0:
-            raise ScenarioError("delays must be non-negative", field="reconfig_delay")
-        if self.base == "none" and self.initial == "none":
-            raise ScenarioError("no base topology and no initial circuits leave GPUs unconnected", field="initial",
-                                fix="use initial='ring' or a base topology")
-
-    def initial_codes(self) -> np.ndarray:
-        """Initial circuits as codes ``src * n + dst``."""
-        n = self.n
-        if self.initial == "none":
-            return np.zeros(0, np.int64)
-        r = np.arange(n)
-        codes = [r * n + (r + 1) % n]
-        if self.ports >= 2 and n > 2:
-            codes.append(r * n + (r - 1) % n)
-        return np.unique(np.concatenate(codes))
-
-    def base_topology(self) -> Topology:
-        if self.base == "ring":
-            return ring(self.n, bandwidth=self.bandwidth, latency=self.latency)
-        if self.base == "torus":
-            return torus(square_shape(self.n, 2), bandwidth=self.bandwidth, latency=self.latency)
-        empty = np.zeros(0, np.int32)
-        return Topology(f"ports(n={self.n})", self.n, np.full(self.n, NodeKind.GPU), empty, empty, np.zeros(0),
-                        np.zeros(0), None)
-
-    def topology(self, codes: np.ndarray) -> Topology:
-        """The state graph: base links plus one circuit link per code."""
-        base = self.base_topology()
-        if not len(codes):
-            return base
-        return base.with_links(codes // self.n, codes % self.n, self.bandwidth, self.latency + self.propagation,
-                               name=f"{base.name}+{len(codes)} circuits")
-
-    def fits(self, codes: np.ndarray) -> bool:
-        """True if no GPU needs more than ``ports`` circuits out or in."""
-        if not len(codes):
-            return True
-        return (np.bincount(codes // self.n, minlength=self.n).max() <= self.ports
-                and np.bincount(codes % self.n, minlength=self.n).max() <= self.ports)
-
+__all__ = ["Plan", "Planner", "Choice", "choose", "edge_colouring"]
 
 @dataclass
 class Plan:

@@ -24,13 +24,39 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
-from lightrail.errors import InfeasibleError
+from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["Circuits", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan", "runtime_plan"]
+__all__ = ["Mode", "Circuits", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan", "runtime_plan"]
+
+
+class Mode(StrEnum):
+    """When a rail switches to the next phase's configuration (Opus, arXiv 2507.08119 section 5).
+
+    One spelling everywhere (CLI, scenario files, JSON): ``on-demand`` and ``provisioned``. The old
+    ``on_demand`` is still read (:meth:`parse`)."""
+
+    ON_DEMAND = "on-demand"
+    """Switch when the phase's first op checks in."""
+    PROVISIONED = "provisioned"
+    """Switch as soon as the previous phase's last op has released, hiding the delay behind compute."""
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.ON_DEMAND if value == "on_demand" else None
+
+    @classmethod
+    def parse(cls, value: str, *, field: str = "mode") -> Mode:
+        """``on-demand`` (or the old ``on_demand``) or ``provisioned``; a ScenarioError naming ``field`` else."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ScenarioError(f"unknown mode {value!r}", field=field, fix="use on-demand or provisioned") from None
+
 
 Circuits = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Circuits as parallel arrays ``(rail, tx_server, rx_server)``."""
@@ -124,7 +150,7 @@ class Plan:
     layout: Layout
     configurations: dict[str, np.ndarray]
     phases: dict[str, tuple[str, ...]]
-    mode: str = "provisioned"
+    mode: Mode = Mode.PROVISIONED
     whole_switch: bool = False
     """Opus: rewrite the whole rail switch to the configuration (drain the rail first)."""
     leases: bool = True
@@ -143,7 +169,7 @@ class Plan:
     @property
     def trigger(self) -> str:
         """When a rail switches to a configuration, in words."""
-        when = ("when the previous phase's last op has released (provisioned)" if self.mode == "provisioned"
+        when = ("when the previous phase's last op has released (provisioned)" if self.mode == Mode.PROVISIONED
                 else "when the phase's first op checks in (on demand)")
         what = "the whole rail switch, drained first" if self.whole_switch else "only the ports that change"
         return f"{when}; {what}"

@@ -81,7 +81,7 @@ def plot_overhead_breakdown(rows: Sequence[dict], path: Path, *, title: str) -> 
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.8))
     names = [r["policy"] for r in rows]
     pos, neg = [0.0] * len(rows), [0.0] * len(rows)
-    from lightrail.sim.photonic_rails import BREAKDOWN
+    from lightrail.studies.rails import BREAKDOWN
 
     for key, label in BREAKDOWN:
         color = _OVERHEAD_COLOURS[key]
@@ -229,7 +229,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     """StragglAR's speedup over Ring (solid) and over "wait, then the best algorithm" (dotted, same
     colour) per fabric: against the rank count at one delay, and against the delay at one rank count.
 
-    ``result`` is :func:`lightrail.sim.collective.straggler_sweep`'s output; ``at_delay`` defaults
+    ``result`` is :func:`lightrail.studies.collective.straggler_sweep`'s output; ``at_delay`` defaults
     to its largest delay and ``at_ranks`` to 8 if swept, else its smallest rank count. Time is affine
     in the delay, so the curves against it are drawn exactly from ``result["profiles"]`` between the
     swept delays (marked), peaks at D = StragglAR's phase 1 included.

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from lightrail.control.plan import Plan, rail_circuits, runtime_plan
+from lightrail.control.plan import Mode, Plan, rail_circuits, runtime_plan
 from lightrail.errors import ScenarioError
 from lightrail.runtime.controller.client import ControllerClient
 from lightrail.workload.parallel import ORDER, Layout
@@ -62,13 +62,9 @@ from lightrail.workload.parallel import ORDER, Layout
 __all__ = ["configure", "register", "setup", "shutdown", "LightrailProcessGroup", "phase_of", "circuits_of",
            "agent_stats", "requests_sent"]
 
-_MODES = ("on_demand", "provisioned")
-
-
 def configure(*, controller: str, job: str, layout: Layout, mode: str = "provisioned", leases: bool = True) -> None:
     """Set this process's backend options (as environment variables, so spawned workers can inherit)."""
-    if mode not in _MODES:
-        raise ScenarioError(f"unknown mode {mode!r}", field="mode", fix="use on_demand or provisioned")
+    mode = Mode.parse(mode, field="mode")
     os.environ.update({
         "LIGHTRAIL_CONTROLLER": controller, "LIGHTRAIL_JOB": job, "LIGHTRAIL_MODE": mode,
         "LIGHTRAIL_LEASES": "1" if leases else "0",
@@ -196,9 +192,7 @@ def _agent(rank: int) -> _Agent:
     global _AGENT
     if _AGENT is None:
         layout = _layout_from_env()
-        mode = os.environ.get("LIGHTRAIL_MODE", "provisioned")
-        if mode not in _MODES:
-            raise ScenarioError(f"unknown mode {mode!r}", field="LIGHTRAIL_MODE", fix="on_demand or provisioned")
+        mode = Mode.parse(os.environ.get("LIGHTRAIL_MODE", "provisioned"), field="LIGHTRAIL_MODE")
         address = os.environ.get("LIGHTRAIL_CONTROLLER", "")
         leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
         agent = _Agent(None, layout, mode, rank, plan=runtime_plan(layout), leases=leases)

@@ -19,7 +19,7 @@ order), which is what lets the circuit state be decided causally:
 - ops whose circuits are lit run at once, each timed on its own (their communicators share the
   links; contention between different phases' ops is not charged, the same on every fabric).
 
-Control-plane timing (``RailFabric.check_in_rtt``, ``command_latency``): a check-in is a round trip;
+Control-plane timing (``fabric.params.RailFabric.check_in_rtt``, ``command_latency``): a check-in is a round trip;
 a request or release reaches the controller after half of it; the controller decides (on demand:
 when the first op of a phase checks in; provisioned: when the previous phase's last op released,
 not earlier) and the switch starts ``command_latency`` later.
@@ -33,84 +33,18 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from math import prod
-from typing import Literal
 
 import numpy as np
 
 from lightrail.control.opus import LIGHTRAIL, OpusParams, OpusPlanner, Requirement
 from lightrail.control.plan import Plan
-from lightrail.errors import ScenarioError
-from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, photonic_rails, rails
+from lightrail.fabric.builders import photonic_rails, rails
 from lightrail.fabric.circuits import CircuitState
+from lightrail.fabric.params import RailFabric
 from lightrail.timing import Engine
 from lightrail.workload.program import Collective, Compute, Program, Recv, Send
 
-__all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration", "CHECK_IN_RTT",
-           "COMMAND_LATENCY"]
-
-FabricKind = Literal["electrical", "photonic", "ideal"]
-
-CHECK_IN_RTT = 0.42e-3
-"""A rank's round trip to the controller: request to grant with the circuits present, p50 over 1,600
-acquires at 8 ranks on loopback, measured with `.venv/bin/python benchmarks/bench_controller.py --rounds 200`
-(`same_pairs_8`: 0.42 ms p50, 1.26 ms p99; 2 cores)."""
-COMMAND_LATENCY = 0.93e-3
-"""The controller's own cost of a reconfiguration (change set, busy-port checks, SQLite commit, apply task):
-the same benchmark's p50 when every round reconfigures with zero OCS delay (`flip_8`: 1.35 ms) minus the
-round trip above (0.42 ms)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RailFabric:
-    """The scale-out rails: electrical packet switches, optical circuit switches, or ideal OCS."""
-
-    kind: FabricKind = "photonic"
-    reconfig_delay: float = 10e-3
-    """OCS reconfiguration delay in seconds (MEMS: 10-25 ms, DESIGN.md); ignored by other kinds."""
-    nic_bandwidth: float = NIC_BANDWIDTH
-    nvlink_bandwidth: float = NVLINK_BANDWIDTH
-    latency: float = 1e-6
-    """Per hop (link) latency in seconds."""
-    alpha: float = 3e-6
-    """Start-up cost per collective step in seconds."""
-    check_in_rtt: float = CHECK_IN_RTT
-    """Round trip between a rank and the controller, in seconds (photonic only)."""
-    command_latency: float = COMMAND_LATENCY
-    """From the controller's decision to the start of the switch, in seconds (photonic only)."""
-    routing: Literal["pxn", "ecmp"] = "pxn"
-    """Electrical rails: NCCL's PXN (one rail per flow, as on photonic rails) or ECMP over two rails."""
-    drain: bool = True
-    """False only for the overhead breakdown's counterfactual: circuits switch even under traffic."""
-
-    def __post_init__(self):
-        if self.kind not in ("electrical", "photonic", "ideal"):
-            raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
-                                fix="use electrical, photonic or ideal")
-        for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
-            if getattr(self, name) < 0:
-                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"fabric.{name}",
-                                    fix="use 0 or more seconds")
-        if self.routing not in ("pxn", "ecmp"):
-            raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
-
-    @property
-    def delay(self) -> float:
-        return self.reconfig_delay if self.kind == "photonic" else 0.0
-
-    @property
-    def rtt(self) -> float:
-        """Check-in round trip: photonic rails only (electrical rails need no controller; the ideal rail
-        is an ideal OCS with an ideal controller)."""
-        return self.check_in_rtt if self.kind == "photonic" else 0.0
-
-    @property
-    def command(self) -> float:
-        return self.command_latency if self.kind == "photonic" else 0.0
-
-    @property
-    def circuits(self) -> bool:
-        return self.kind != "electrical"
-
+__all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration"]
 
 @dataclass(frozen=True)
 class TraceEvent:

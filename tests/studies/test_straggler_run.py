@@ -13,8 +13,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from lightrail.cli import app  # noqa: E402
 from lightrail.errors import ScenarioError  # noqa: E402
-from lightrail.runtime import straggler_run  # noqa: E402
-from lightrail.runtime.straggler_run import METHODS, measure_straggler  # noqa: E402
+from lightrail.studies import straggler_run  # noqa: E402
+from lightrail.studies.straggler_run import METHODS, measure_straggler  # noqa: E402
 
 runner = CliRunner()
 DELAY = 0.02

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lightrail.collectives import algorithms
-from lightrail.control.pccl import Planner, ReconfigurableFabric
+from lightrail.control.pccl import Planner
 from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, switch, torus
+from lightrail.fabric.params import ReconfigurableFabric
 from lightrail.timing import Engine
 
 __all__ = ["StudyGrid", "collective_study", "EXCLUDED"]

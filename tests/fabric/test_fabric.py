@@ -107,7 +107,7 @@ def test_pxn_rails_differ_from_graph_distance_only_from_a_rail_switch_to_another
 def test_pxn_routes_cross_only_the_destinations_rail_and_ring_allreduce_gets_one_nic():
     """NCCL's PXN: a flow between servers uses the rail of its destination GPU, so one ring's bus
     bandwidth is one NIC (as on a switch), where ECMP over both paths would give two."""
-    from lightrail.sim.collective import evaluate
+    from lightrail.studies.collective import evaluate
     from lightrail.timing import Engine
 
     n, g = 64, 8

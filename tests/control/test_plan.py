@@ -24,7 +24,7 @@ from lightrail.sim.trace import chrome_trace
 from lightrail.workload.parallel import Dim, Layout
 from lightrail.workload.program import build_program
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def opus_testbed(**job):
@@ -255,7 +255,7 @@ def test_sweep_rows_keep_the_contract(tmp_path):
 def test_on_demand_is_accepted_with_a_hyphen_in_scenarios():
     b = parse_scenario({"name": "t", "model": "debug", "cluster": {"gpus": 8},
                         "job": {"micro_batches": 1}, "ocs": {"mode": "on-demand"}}).build()
-    assert b.params.mode == "on_demand"
+    assert b.params.mode == "on-demand"
 
 
 def test_gpipe_runs_every_forward_then_every_backward_in_reverse():

@@ -12,8 +12,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lightrail.control.opus import LIGHTRAIL, ORIGINAL, OpusParams, OpusPlanner, is_rail_configuration
+from lightrail.fabric.params import RailFabric
 from lightrail.scenario import parse_scenario
-from lightrail.sim.iteration import RailFabric, simulate_iteration
+from lightrail.sim.iteration import simulate_iteration
 from lightrail.sim.trace import chrome_trace
 from lightrail.workload.parallel import Dim
 from lightrail.workload.program import Send, build_program
@@ -214,7 +215,7 @@ def test_fabric_and_policy_refuse_bad_values():
         RailFabric(kind="copper")
     with pytest.raises(ScenarioError, match="reconfig_delay"):
         RailFabric(reconfig_delay=-1.0)
-    with pytest.raises(ScenarioError, match="opus.mode"):
+    with pytest.raises(ScenarioError, match="ocs.mode"):
         OpusParams(mode="eventually")
 
 

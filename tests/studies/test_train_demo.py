@@ -12,7 +12,7 @@ import torch.distributed as dist  # noqa: E402
 
 from lightrail.errors import ScenarioError  # noqa: E402
 from lightrail.runtime.launch import free_port, run_processes  # noqa: E402
-from lightrail.runtime.train_demo import DemoConfig, run_demo, train_worker  # noqa: E402
+from lightrail.studies.train_demo import DemoConfig, run_demo, train_worker  # noqa: E402
 
 PARALLEL = DemoConfig(tp=2, pp=2, dp=2, steps=3)
 SINGLE = DemoConfig(tp=1, pp=1, dp=1, microbatches=PARALLEL.microbatches * PARALLEL.dp, steps=10)

@@ -20,9 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lightrail.control.plan import Mode
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime import torch_backend
-from lightrail.runtime.train_demo import DemoConfig, run_demo
+from lightrail.studies.train_demo import DemoConfig, run_demo
 from lightrail.workload.parallel import Layout
 
 __all__ = ["start_controller", "run_photonic_demo", "predicted_overhead", "calibrated_peak_tflops"]
@@ -89,7 +90,7 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
     so two electrical simulations give ``a`` and ``b``. What the CPU spends in gloo's loopback
     transfers is folded into the compute rate.
     """
-    from lightrail.sim.photonic_rails import JobRuns
+    from lightrail.studies.rails import JobRuns
 
     def electrical(peak: float) -> float:
         built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, mode="provisioned", leases=True,
@@ -112,7 +113,7 @@ def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: flo
     (GPipe), OCS delay, mode and lease policy. With ``peak_tflops`` (see :func:`calibrated_peak_tflops`)
     the model computes at this CPU's speed, so its overhead can be set beside the measured one; with
     ``check_in_rtt_s`` a controller round trip costs what it cost in the run."""
-    from lightrail.sim.photonic_rails import JobRuns, overhead_breakdown
+    from lightrail.studies.rails import JobRuns, overhead_breakdown
 
     built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, mode=mode, leases=leases,
                       peak_tflops=peak_tflops, check_in_rtt_s=check_in_rtt_s).build()
@@ -140,8 +141,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: str = "pr
     if g < 1 or config.world % g:
         raise ScenarioError(f"{config.world} ranks do not fill servers of {g}", field="--gpus-per-server",
                             fix=f"use a divisor of {config.world}")
-    if mode not in ("on_demand", "provisioned"):
-        raise ScenarioError(f"unknown mode {mode!r}", field="--mode", fix="on_demand or provisioned")
+    mode = Mode.parse(mode, field="--mode")
     if leases is None:
         leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
     layout = Layout.from_degrees(config.world, tp=config.tp, pp=config.pp, dp=config.dp, gpus_per_server=g)

@@ -7,8 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from lightrail.control.opus import KNOBS, ORIGINAL, OpusParams, OpusPlanner
-from lightrail.sim.cost import compare
-from lightrail.sim.iteration import IterationResult, OpDurations, RailFabric, simulate_iteration
+from lightrail.control.plan import Mode
+from lightrail.fabric.params import RailFabric
+from lightrail.sim.iteration import IterationResult, OpDurations, simulate_iteration
+from lightrail.studies.cost import compare
 from lightrail.workload.program import build_program
 
 __all__ = ["ABLATION", "BREAKDOWN", "JobRuns", "compare_rails", "delay_sweep", "overhead_breakdown"]
@@ -130,7 +132,7 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
     }
 
 
-def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[str] = ("on_demand", "provisioned"),
+def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[Mode] = (Mode.ON_DEMAND, Mode.PROVISIONED),
                 progress: Callable[[str], None] | None = None) -> dict:
     """Overhead of photonic rails (scenario policy, and the published Opus) against the OCS delay, with
     each row's overhead broken down (``overhead_breakdown``)."""
@@ -143,7 +145,7 @@ def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[str] = ("on_d
             for delay in delays:
                 at, knobs = replace(fabric, reconfig_delay=delay), replace(policy, mode=mode)
                 r = runs(at, knobs)
-                rows.append({"delay_s": delay, "mode": mode.replace("_", "-"), "policy": policy_name,
+                rows.append({"delay_s": delay, "mode": str(mode), "policy": policy_name,
                              "iteration_time_s": r.iteration_time_s, "overhead": r.iteration_time_s / base - 1,
                              "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
                              "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,

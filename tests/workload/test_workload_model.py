@@ -16,7 +16,7 @@ from lightrail import workload
 from lightrail.errors import ScenarioError
 from lightrail.workload import GPU, GPUS, PRESETS, ModelSpec, compute_seconds, gpu, model_from_hf_config, preset
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def debug(**changes) -> ModelSpec:

@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from lightrail.cli import app
 from lightrail.collectives import algorithms, generate
-from lightrail.control.pccl import Planner, ReconfigurableFabric, choose, edge_colouring
+from lightrail.control.pccl import Planner, choose, edge_colouring
 from lightrail.fabric.builders import ring
 from lightrail.fabric.circuits import is_partial_permutation
-from lightrail.sim.collective_study import StudyGrid, collective_study
+from lightrail.fabric.params import ReconfigurableFabric
+from lightrail.studies.collective_study import StudyGrid, collective_study
 from lightrail.timing import Engine
 
 SIZES = [2.0**10, 2.0**20, 2.0**30]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from lightrail.cli import app
 from lightrail.collectives.stragglar import lower_bound, stragglar_allreduce
 from lightrail.fabric.builders import build_topology
-from lightrail.sim.collective import straggler_comparison, straggler_sweep
+from lightrail.studies.stragglar import straggler_comparison, straggler_sweep
 from lightrail.timing import Engine
 
 SIZE, BW, LAT, ALPHA = 2.0**26, 450e9, 1e-6, 3e-6

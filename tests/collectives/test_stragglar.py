@@ -29,7 +29,7 @@ def test_stragglar_is_a_proven_allreduce_for_every_n_up_to_256(block):
 
 POWERS_OF_TWO = [2**k for k in range(2, 11)]
 BEFORE = {int(n): r for n, r in json.loads(
-    (Path(__file__).parent / "data" / "stragglar_rounds_before.json").read_text())["rounds"].items()}
+    (Path(__file__).parents[1] / "data" / "stragglar_rounds_before.json").read_text())["rounds"].items()}
 
 
 def _check_rounds(n: int) -> None:

@@ -14,8 +14,8 @@ from lightrail.errors import ScenarioError
 from lightrail.scenario import DEFAULT_SCENARIO, load_scenario, parse_scenario
 
 runner = CliRunner()
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
-TINY = Path(__file__).resolve().parent.parent / "examples" / "debug-tiny.yaml"
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+TINY = Path(__file__).resolve().parents[2] / "examples" / "debug-tiny.yaml"
 
 
 def run(*args):
@@ -30,7 +30,7 @@ def test_every_example_is_a_valid_scenario(path):
 
 
 def test_default_example_file_is_the_embedded_default():
-    scenario, _ = load_scenario(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-2048xh200.yaml")
+    scenario, _ = load_scenario(Path(__file__).resolve().parents[2] / "examples" / "llama3-70b-2048xh200.yaml")
     default, _ = load_scenario(None)
     a, b = scenario.build(), default.build()
     assert (a.job, a.fabric, a.params) == (b.job, b.fabric, b.params)
@@ -73,7 +73,7 @@ def test_delay_and_mode_overrides(tmp_path):
     slow = json.loads(run("simulate", TINY, "--delay", "100ms", "--mode", "on-demand", "--out", tmp_path,
                           "--json").output)
     fast = json.loads(run("simulate", TINY, "--delay", "0", "--out", tmp_path, "--json").output)
-    assert slow["reconfig_delay_s"] == 0.1 and slow["mode"] == "on_demand"
+    assert slow["reconfig_delay_s"] == 0.1 and slow["mode"] == "on-demand"
     assert slow["iteration_time_s"] > fast["iteration_time_s"]
     # at zero delay the photonic rail is the ideal one plus its controller round trips
     assert fast["overhead_breakdown_s"]["switching_delay_s"] == 0
@@ -142,7 +142,7 @@ def test_parse_scenario_errors_are_scenario_errors():
 
 
 def test_hf_config_model_relative_to_the_scenario(tmp_path):
-    data = Path(__file__).resolve().parent / "data"
+    data = Path(__file__).resolve().parents[1] / "data"
     config = next(data.glob("llama3-8b*.json"))
     (tmp_path / "config.json").write_text(config.read_text())
     scenario = {**DEFAULT_SCENARIO, "model": {"hf_config": "config.json"}, "cluster": {"gpus": 64, "gpu": "h100"},

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightrail.errors import InfeasibleError, ScenarioError
-from lightrail.sim.cost import CostFacts, compare, rail_fabric_cost
+from lightrail.studies.cost import CostFacts, compare, rail_fabric_cost
 
 GPUS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 OCS_W = 75 / 192

@@ -12,9 +12,9 @@ pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 from lightrail.cli import app  # noqa: E402
-from lightrail.runtime.photonic_demo import run_photonic_demo  # noqa: E402
 from lightrail.runtime.torch_backend import circuits_of, phase_of  # noqa: E402
-from lightrail.runtime.train_demo import DemoConfig  # noqa: E402
+from lightrail.studies.photonic_demo import run_photonic_demo  # noqa: E402
+from lightrail.studies.train_demo import DemoConfig  # noqa: E402
 from lightrail.workload.parallel import Dim, Layout  # noqa: E402
 
 LAYOUT = Layout.from_degrees(8, tp=2, pp=2, dp=2, gpus_per_server=2)

@@ -1,0 +1,157 @@
+"""Parameters of the fabrics lightrail simulates, and the hardware and control-plane facts behind
+their defaults (each defined here once, with its source).
+
+- :class:`RailFabric`: the scale-out rails of a GPU cluster, electrical packet switches, optical
+  circuit switches (one per rail) or ideal OCS, with the controller's round trip and command latency.
+- :class:`ReconfigurableFabric`: n GPUs with a few optical ports each into a circuit switch, over an
+  optional static base (the reconfiguration-aware collectives' fabric).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from lightrail.errors import ScenarioError
+from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, ring, square_shape, torus
+from lightrail.fabric.topology import NodeKind, Topology
+
+__all__ = ["RailFabric", "ReconfigurableFabric", "RECONFIG_DELAY", "CHECK_IN_RTT", "COMMAND_LATENCY",
+           "FabricKind", "Base"]
+
+RECONFIG_DELAY = 10e-3
+"""A MEMS optical circuit switch's reconfiguration delay, seconds (e.g. Polatis: 10-25 ms; DESIGN.md)."""
+FabricKind = Literal["electrical", "photonic", "ideal"]
+
+CHECK_IN_RTT = 0.42e-3
+"""A rank's round trip to the controller: request to grant with the circuits present, p50 over 1,600
+acquires at 8 ranks on loopback, measured with `.venv/bin/python benchmarks/bench_controller.py --rounds 200`
+(`same_pairs_8`: 0.42 ms p50, 1.26 ms p99; 2 cores)."""
+COMMAND_LATENCY = 0.93e-3
+"""The controller's own cost of a reconfiguration (change set, busy-port checks, SQLite commit, apply task):
+the same benchmark's p50 when every round reconfigures with zero OCS delay (`flip_8`: 1.35 ms) minus the
+round trip above (0.42 ms)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RailFabric:
+    """The scale-out rails: electrical packet switches, optical circuit switches, or ideal OCS."""
+
+    kind: FabricKind = "photonic"
+    reconfig_delay: float = RECONFIG_DELAY
+    """OCS reconfiguration delay in seconds (MEMS: 10-25 ms, DESIGN.md); ignored by other kinds."""
+    nic_bandwidth: float = NIC_BANDWIDTH
+    nvlink_bandwidth: float = NVLINK_BANDWIDTH
+    latency: float = 1e-6
+    """Per hop (link) latency in seconds."""
+    alpha: float = 3e-6
+    """Start-up cost per collective step in seconds."""
+    check_in_rtt: float = CHECK_IN_RTT
+    """Round trip between a rank and the controller, in seconds (photonic only)."""
+    command_latency: float = COMMAND_LATENCY
+    """From the controller's decision to the start of the switch, in seconds (photonic only)."""
+    routing: Literal["pxn", "ecmp"] = "pxn"
+    """Electrical rails: NCCL's PXN (one rail per flow, as on photonic rails) or ECMP over two rails."""
+    drain: bool = True
+    """False only for the overhead breakdown's counterfactual: circuits switch even under traffic."""
+
+    def __post_init__(self):
+        if self.kind not in ("electrical", "photonic", "ideal"):
+            raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
+                                fix="use electrical, photonic or ideal")
+        for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
+            if getattr(self, name) < 0:
+                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"fabric.{name}",
+                                    fix="use 0 or more seconds")
+        if self.routing not in ("pxn", "ecmp"):
+            raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
+
+    @property
+    def delay(self) -> float:
+        return self.reconfig_delay if self.kind == "photonic" else 0.0
+
+    @property
+    def rtt(self) -> float:
+        """Check-in round trip: photonic rails only (electrical rails need no controller; the ideal rail
+        is an ideal OCS with an ideal controller)."""
+        return self.check_in_rtt if self.kind == "photonic" else 0.0
+
+    @property
+    def command(self) -> float:
+        return self.command_latency if self.kind == "photonic" else 0.0
+
+    @property
+    def circuits(self) -> bool:
+        return self.kind != "electrical"
+
+
+Base = Literal["none", "ring", "torus"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconfigurableFabric:
+    """n GPUs with ``ports`` optical ports each into a circuit switch, over an optional static base."""
+
+    n: int
+    ports: int = 2
+    base: Base = "none"
+    bandwidth: float = NIC_BANDWIDTH
+    """Per optical port and per base link, bytes/s."""
+    latency: float = 1e-6
+    """Per hop (switching, serialisation), seconds."""
+    propagation: float = 0.0
+    """Fibre delay added to every circuit hop (5 ns/m, DESIGN.md), seconds."""
+    reconfig_delay: float = 10e-6
+    alpha: float = 3e-6
+    initial: Literal["ring", "none"] = "ring"
+    """Circuits installed before the collective: a bidirectional ring (uses up to two ports) or none."""
+
+    def __post_init__(self):
+        if self.n < 2:
+            raise ScenarioError(f"{self.n} GPUs", field="ranks", fix="use 2 or more")
+        if self.ports < 1:
+            raise ScenarioError(f"{self.ports} ports", field="ports", fix="use 1 or more optical ports per GPU")
+        if self.base not in ("none", "ring", "torus"):
+            raise ScenarioError(f"unknown base {self.base!r}", field="base", fix="use none, ring or torus")
+        if self.reconfig_delay < 0 or self.propagation < 0:
+            raise ScenarioError("delays must be non-negative", field="reconfig_delay")
+        if self.base == "none" and self.initial == "none":
+            raise ScenarioError("no base topology and no initial circuits leave GPUs unconnected", field="initial",
+                                fix="use initial='ring' or a base topology")
+
+    def initial_codes(self) -> np.ndarray:
+        """Initial circuits as codes ``src * n + dst``."""
+        n = self.n
+        if self.initial == "none":
+            return np.zeros(0, np.int64)
+        r = np.arange(n)
+        codes = [r * n + (r + 1) % n]
+        if self.ports >= 2 and n > 2:
+            codes.append(r * n + (r - 1) % n)
+        return np.unique(np.concatenate(codes))
+
+    def base_topology(self) -> Topology:
+        if self.base == "ring":
+            return ring(self.n, bandwidth=self.bandwidth, latency=self.latency)
+        if self.base == "torus":
+            return torus(square_shape(self.n, 2), bandwidth=self.bandwidth, latency=self.latency)
+        empty = np.zeros(0, np.int32)
+        return Topology(f"ports(n={self.n})", self.n, np.full(self.n, NodeKind.GPU), empty, empty, np.zeros(0),
+                        np.zeros(0), None)
+
+    def topology(self, codes: np.ndarray) -> Topology:
+        """The state graph: base links plus one circuit link per code."""
+        base = self.base_topology()
+        if not len(codes):
+            return base
+        return base.with_links(codes // self.n, codes % self.n, self.bandwidth, self.latency + self.propagation,
+                               name=f"{base.name}+{len(codes)} circuits")
+
+    def fits(self, codes: np.ndarray) -> bool:
+        """True if no GPU needs more than ``ports`` circuits out or in."""
+        if not len(codes):
+            return True
+        return (np.bincount(codes // self.n, minlength=self.n).max() <= self.ports
+                and np.bincount(codes % self.n, minlength=self.n).max() <= self.ports)
