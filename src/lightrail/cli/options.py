@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -31,6 +32,29 @@ NvlinkBandwidth = Annotated[str, typer.Option("--nvlink-bandwidth", help="NVLink
 HostsPerLeaf = Annotated[int, typer.Option("--hosts-per-leaf", help="GPUs per leaf switch (fat-tree).")]
 Oversubscription = Annotated[float, typer.Option("--oversubscription", help="Leaf down:up capacity ratio (fat-tree).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+OcsDelay = Annotated[str, typer.Option("--ocs-delay", help="OCS (circuit switch) reconfiguration delay, e.g. 10ms.")]
+OcsDelays = Annotated[str, typer.Option("--ocs-delays", help="Comma list of OCS reconfiguration delays.")]
+StragglerDelay = Annotated[str, typer.Option("--straggler-delay", help="How late the straggler arrives, e.g. 5ms.")]
+StragglerDelays = Annotated[str, typer.Option("--straggler-delays", help="Comma list of straggler delays.")]
+
+
+def old_spelling(flag: str, new: str) -> typer.models.OptionInfo:
+    """A hidden option for a flag's old spelling, so yesterday's commands keep working (see :func:`renamed`)."""
+    return typer.Option(flag, hidden=True, help=f"Old spelling of {new}.", show_default=False)
+
+
+def renamed(value, old_value, *, old: str, new: str):
+    """The value of a renamed flag: the new spelling's, or the old one's with a note on stderr.
+
+    Give the old spelling a ``None`` default (:func:`old_spelling`); both on one command line is an error."""
+    if old_value is None:
+        return value
+    ctx = click.get_current_context(silent=True)
+    name = new.lstrip("-").replace("-", "_")
+    if ctx is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+        raise ScenarioError(f"{old} and {new} are one flag, given twice", field=new, fix=f"drop {old}")
+    err.print(f"note: {old} is now {new}", highlight=False)
+    return old_value
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
