@@ -1,5 +1,5 @@
 """OCS controller benchmark: start-up time, and request-to-acknowledge latency of ``acquire`` with 8 and
-64 ranks on loopback, without OCS delay (``--delay 0``). Prints one JSON object; asserts nothing about speed.
+64 ranks on loopback, without OCS delay (``--ocs-delay 0``). Prints one JSON object; asserts nothing about speed.
 
 Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
 
@@ -51,7 +51,7 @@ RAIL_WIDTH = 8  # ranks (NIC ports) per rail
 def _command(state: Path, delay: str = "0") -> list[str]:
     exe = Path(sys.executable).with_name("lightrail")
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "lightrail.cli"]
-    return [*base, "controller", "serve", "--port", "0", "--admin-port", "0", "--delay", delay,
+    return [*base, "controller", "serve", "--port", "0", "--admin-port", "0", "--ocs-delay", delay,
             "--state", str(state)]
 
 

@@ -1,19 +1,27 @@
 """The torch.distributed backend "lightrail" and the end-to-end training demo on emulated photonic rails:
-phases identified from groups, circuits by the PXN rule, identical losses, no unsafe reconfiguration."""
+phases identified from groups, circuits by the PXN rule, identical losses, no unsafe reconfiguration;
+the backend's one config object, and the train-demo verb's flags (old spellings noted)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 
 import pytest
 
 pytest.importorskip("torch")
 
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from lightrail.cli import app  # noqa: E402
-from lightrail.runtime.torch_backend import circuits_of, phase_of  # noqa: E402
-from lightrail.studies.photonic_demo import run_photonic_demo  # noqa: E402
+from lightrail.control.plan import Mode  # noqa: E402
+from lightrail.errors import ScenarioError  # noqa: E402
+from lightrail.runtime.launch import free_port  # noqa: E402
+from lightrail.runtime.torch_backend import Agent, BackendConfig, Inner, circuits_of, phase_of, setup  # noqa: E402
+from lightrail.studies.photonic_demo import PhotonicDemoResult, Prediction, run_photonic_demo  # noqa: E402
 from lightrail.studies.train_demo import DemoConfig  # noqa: E402
 from lightrail.workload.parallel import Dim, Layout  # noqa: E402
 
@@ -39,23 +47,20 @@ def test_circuits_follow_the_destination_rail_between_servers():
         assert circuits_of(LAYOUT, ring) == {}
 
 
-def test_leases_only_for_phases_of_one_configuration(monkeypatch):
-    from lightrail.control.plan import runtime_plan
-    from lightrail.runtime.torch_backend import _Agent
-
-    pp2 = _Agent(None, LAYOUT, "provisioned", 0, plan=runtime_plan(LAYOUT))
+def test_leases_only_for_phases_of_one_configuration():
+    pp2 = Agent(BackendConfig(layout=LAYOUT))
     assert pp2.leased("dp:0,2") and pp2.leased("pp:0<->4") and not pp2.leased("tp+dp+pp:0,1,2,3,4,5,6,7")
     pp4 = Layout.from_degrees(8, tp=1, pp=4, dp=2, gpus_per_server=2)
-    agent = _Agent(None, pp4, "provisioned", 0, plan=runtime_plan(pp4))
+    agent = Agent(BackendConfig(layout=pp4))
     # a middle stage's forward and backward circuits share a transmitter: two matchings, per-op
     assert agent.leased("dp:0,1") and not agent.leased("pp:2->4")
-    assert not _Agent(None, LAYOUT, "provisioned", 0, plan=runtime_plan(LAYOUT), leases=False).leased("dp:0,2")
+    assert not Agent(BackendConfig(layout=LAYOUT, leases=False)).leased("dp:0,2")
 
 
 @pytest.mark.slow
 def test_training_on_emulated_photonic_rails_gives_identical_losses(tmp_path):
     config = DemoConfig(tp=2, pp=2, dp=2, steps=3, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
-    result = run_photonic_demo(config, ocs_delay_s=0.002, mode="provisioned", workdir=tmp_path)
+    result = run_photonic_demo(config, ocs_delay_s=0.002, mode="provisioned", workdir=tmp_path).to_dict()
     assert result["losses_identical"] and len(result["losses"]) == 3
     assert result["losses"] == result["lightrail_losses"]
     assert result["unsafe_reconfigurations"] == 0
@@ -101,3 +106,119 @@ def test_train_demo_bad_input_exits_2_naming_the_flag(args, flag, tmp_path):
     assert r.exit_code == 2, r.output
     assert flag in r.output
     assert not (tmp_path / "x").exists()
+
+
+# --- the backend's one config object ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"layout": "tp=2,pp=2"}, "layout"),
+    ({"controller": "127.0.0.1"}, "controller"),
+    ({"controller": "127.0.0.1:http"}, "controller"),
+    ({"controller": "127.0.0.1:70000"}, "controller"),
+    ({"controller": ":7600"}, "controller"),
+    ({"job": ""}, "job"),
+    ({"mode": "sometimes"}, "mode"),
+    ({"leases": "no"}, "leases"),
+    ({"inner": "mpi"}, "inner"),
+])
+def test_backend_config_bad_values_name_the_field(kwargs, field):
+    with pytest.raises(ScenarioError) as info:
+        BackendConfig(**{"layout": LAYOUT, **kwargs})
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_backend_config_parses_its_strings_is_frozen_and_pickles():
+    """Workers get the config as an argument (spawned processes: it must pickle), never from the environment."""
+    config = BackendConfig(layout=LAYOUT, controller="127.0.0.1:7600", job="j1", mode="on_demand", inner="nccl")
+    assert config.mode is Mode.ON_DEMAND and config.inner is Inner.NCCL and config.address() == ("127.0.0.1", 7600)
+    assert pickle.loads(pickle.dumps(config)) == config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.leases = False
+    assert BackendConfig(layout=LAYOUT).controller is None  # no controller: the wrapped backend alone
+
+
+def test_registering_again_binds_new_groups_to_the_new_agent():
+    """torch keeps one factory per backend name: a second setup in the same process (a second run) rebinds
+    "lightrail", so the groups created from then on use the new agent, and the old one is left untouched."""
+    if dist.is_initialized():
+        pytest.skip("this process already has a default group")
+    one = Layout.from_degrees(1, gpus_per_server=1)
+    first, second = setup(BackendConfig(layout=one)), setup(BackendConfig(layout=one))
+    dist.init_process_group("lightrail", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        x = torch.ones(4)
+        dist.all_reduce(x)
+        assert x.tolist() == [1.0] * 4
+        assert second.rank == 0 and first.rank is None
+        assert second.stats() == first.stats() == {"requests": 0, "wait_s": 0.0, "request_s": [], "ops": 0,
+                                                   "under_lease": 0, "revokes": 0}
+    finally:
+        dist.destroy_process_group()
+        second.close()
+
+
+# --- train-demo: flags, old spellings, the JSON ---------------------------------------------------------------
+
+JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "ocs_delay_s", "mode", "leases",
+             "gloo_iteration_s", "lightrail_iteration_s", "overhead_s", "overhead", "predicted_overhead_s",
+             "model_to_measured_ratio", "controller_requests_per_iteration", "ops_under_lease",
+             "revocations_per_iteration", "reconfigurations_per_iteration", "reconfigurations_per_rail_per_iteration",
+             "request_latency_p50_s", "request_latency_p99_s", "acquire_wait_p99_s", "unsafe_reconfigurations",
+             "losses_identical", "losses", "lightrail_losses", "gloo_iteration_series_s",
+             "lightrail_iteration_series_s", "measurement", "predicted", "controller_startup_s"]
+"""train-demo.json's keys, in order, as before the result was typed."""
+
+
+def _canned(config: DemoConfig, *, ocs_delay_s: float, mode: Mode, leases: bool, **_) -> PhotonicDemoResult:
+    """A train-demo result without training: the verb's parsing, reporting and files, in milliseconds."""
+    predicted = Prediction(0.11, 0.1, 0.01, 4.0, 4.0, {"exposed_reconfiguration_s": 0.01}, 0.5, 4e-4, leases,
+                           "gpipe")
+    return PhotonicDemoResult(
+        ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps, gpus_per_server=2, rails=2,
+        ocs_delay_s=ocs_delay_s, mode=mode, leases=leases, gloo_iteration_s=0.1, lightrail_iteration_s=0.12,
+        overhead_s=0.02, overhead=0.2, predicted_overhead_s=0.01, model_to_measured_ratio=2.0,
+        controller_requests_per_iteration=6.0, ops_under_lease=0.5, revocations_per_iteration=1.0,
+        reconfigurations_per_iteration=8.0, reconfigurations_per_rail_per_iteration=4.0, request_latency_p50_s=4e-4,
+        request_latency_p99_s=1e-3, acquire_wait_p99_s=0.02, unsafe_reconfigurations=0.0, losses_identical=True,
+        losses=(5.5, 5.4), lightrail_losses=(5.5, 5.4), gloo_iteration_series_s=(0.1, 0.1),
+        lightrail_iteration_series_s=(0.12, 0.12), measurement="canned", predicted=predicted,
+        controller_startup_s=0.5)
+
+
+@pytest.mark.parametrize(("args", "env", "leases", "note"), [
+    ([], None, True, None),
+    (["--no-leases"], None, False, None),
+    ([], "0", False, "note: LIGHTRAIL_LEASES=0 is now --no-leases"),
+    (["--leases"], "0", True, None),  # the flag wins over the old variable
+    (["--no-leases", "--mode", "on_demand"], None, False, "note: --mode on_demand is now --mode on-demand"),
+])
+def test_train_demo_leases_flag_replaces_the_environment_variable(args, env, leases, note, monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr("lightrail.studies.photonic_demo.run_photonic_demo",
+                        lambda config, **kw: calls.append(kw) or _canned(config, **kw))
+    if env is None:
+        monkeypatch.delenv("LIGHTRAIL_LEASES", raising=False)
+    else:
+        monkeypatch.setenv("LIGHTRAIL_LEASES", env)
+    r = CliRunner().invoke(app, ["train-demo", "--steps", "2", "--out", str(tmp_path), *args, "--json"])
+    assert r.exit_code == 0, r.output
+    (kw,) = calls
+    assert kw["leases"] is leases
+    assert (note in r.output) if note else "note:" not in r.output
+    result = json.loads(r.output[r.output.index("{"):])
+    assert list(result) == JSON_KEYS and result["leases"] is leases
+    assert json.loads((tmp_path / "train-demo.json").read_text()) == result
+    assert (tmp_path / "iterations.png").is_file()
+
+
+def test_train_demo_table_reports_the_typed_result(monkeypatch, tmp_path):
+    monkeypatch.setattr("lightrail.studies.photonic_demo.run_photonic_demo", _canned)
+    r = CliRunner().invoke(app, ["train-demo", "--steps", "2", "--ocs-delay", "5ms", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())  # long lines wrap at the console's width
+    for text in ("train-demo: 8 CPU ranks (TP2 PP2 DP2), 2 rails, OCS 5ms, provisioned", "iteration (median)",
+                 "20ms (+20.0%)", "measured / predicted overhead: 2.00x", "leases on", "losses identical: yes",
+                 f"wrote {tmp_path / 'train-demo.json'}, {tmp_path / 'iterations.png'}"):
+        assert text in flat, text

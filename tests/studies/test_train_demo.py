@@ -38,7 +38,7 @@ def _run_single(config: DemoConfig) -> dict:
 
 @pytest.fixture(scope="module")
 def parallel() -> dict:
-    return run_demo(PARALLEL)
+    return run_demo(PARALLEL).to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_layout_does_not_change_the_math(parallel, single):
 
 
 def test_runs_are_bit_identical_across_runs_and_backend_names(parallel):
-    again = run_demo(PARALLEL, backend="wrappedgloo", init=_register_wrapped_gloo)
+    again = run_demo(PARALLEL, backend="wrappedgloo", init=_register_wrapped_gloo).to_dict()
     assert again["backend"] == "wrappedgloo"
     assert again["loss_bits"] == parallel["loss_bits"]
     assert again["losses_consistent"]
@@ -109,7 +109,8 @@ def test_worker_rejects_a_world_that_does_not_match():
 def test_a_baseline_replica_in_the_same_processes_trains_the_same_losses(parallel):
     """Paired measurement: a second replica on another backend's groups, in alternating blocks of steps,
     computes bit-identical losses to a run of its own, and both medians leave out each block's first step."""
-    paired = run_demo(PARALLEL, backend="wrappedgloo", init=_register_wrapped_gloo, baseline="gloo", block=2)
+    paired = run_demo(PARALLEL, backend="wrappedgloo", init=_register_wrapped_gloo, baseline="gloo",
+                      block=2).to_dict()
     assert paired["baseline"]["backend"] == "gloo"
     assert paired["loss_bits"] == paired["baseline"]["loss_bits"] == parallel["loss_bits"]
     assert paired["losses_consistent"] and paired["baseline"]["losses_consistent"]

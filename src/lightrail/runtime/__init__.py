@@ -1,1 +1,2 @@
-"""Runtime: real execution of lightrail schedules on torch.distributed (and, later, the controller)."""
+"""Runtime: the OCS controller service and its drivers, the torch.distributed backend that executes the
+Plan for real, and real execution of lightrail schedules on torch.distributed."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lightrail.collectives import Kind, Op, Schedule
+from lightrail.collectives import Combine, Kind, Schedule
 from lightrail.errors import UnsupportedError
 
 __all__ = ["run_schedule"]
@@ -43,7 +43,7 @@ def run_schedule(schedule: Schedule, buffer: torch.Tensor, *, group: dist.Proces
         sends = sorted(zip(step.dst[step.src == rank].tolist(), step.chunk[step.src == rank].tolist(), strict=True))
         recv_mask = step.dst == rank
         recvs = sorted(zip(step.src[recv_mask].tolist(), step.chunk[recv_mask].tolist(),
-                           step.op[recv_mask].tolist(), strict=True))
+                           step.combine[recv_mask].tolist(), strict=True))
         ops, landed = [], []
         for dst, c in sends:
             ops.append(dist.P2POp(dist.isend, chunks[c], peer(dst), group, tag=c))
@@ -56,7 +56,7 @@ def run_schedule(schedule: Schedule, buffer: torch.Tensor, *, group: dist.Proces
         for request in dist.batch_isend_irecv(ops):
             request.wait()
         for c, op, scratch in landed:
-            if op == Op.REDUCE:
+            if op == Combine.REDUCE:
                 chunks[c].add_(scratch)
             else:
                 chunks[c].copy_(scratch)

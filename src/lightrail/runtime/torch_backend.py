@@ -1,13 +1,19 @@
 """torch.distributed backend ``"lightrail"``: gloo (CPU) or NCCL (GPU) underneath, the controller's
 circuits under every collective and send/recv (leased for a whole phase where the Plan allows).
 
-Use::
+Use, in every rank process::
 
     from lightrail.runtime import torch_backend
-    torch_backend.configure(controller="127.0.0.1:7600", job="j1", layout=Layout.from_degrees(8, tp=2, pp=2),
-                            mode="provisioned")   # or set the LIGHTRAIL_* environment variables
-    torch_backend.register()
+    config = torch_backend.BackendConfig(controller="127.0.0.1:7600", job="j1", mode="provisioned",
+                                         layout=Layout.from_degrees(8, tp=2, pp=2))
+    agent = torch_backend.setup(config)          # registers "lightrail", bound to this process's agent
     dist.init_process_group("lightrail", ...)     # every dist.new_group(...) is a lightrail group too
+    ...
+    agent.stats(); agent.close()
+
+All the backend's state is in the :class:`Agent` that ``setup`` returns (no module global, no
+environment variable): the config is a frozen, picklable object that a launcher hands to its
+workers as an argument (``functools.partial(torch_backend.setup, config)`` as their ``init``).
 
 Each process group is a Python ``dist.ProcessGroup`` wrapping a real backend created on the same
 store, so the numerics are the wrapped backend's (same seed, same losses). The group's phase is
@@ -31,10 +37,10 @@ and releases after it, so a rank holds its circuits only inside an op. Why not l
 with a lease a rank may enter an op before its peer; if the peer first needs a group that conflicts
 with the lease, the revoke cannot be acknowledged until the op ends, which needs the peer: deadlock.
 Groups of one configuration never conflict with each other, and in a training program a rank
-changes phase only after its peers finished the previous phase's ops with it. ``LIGHTRAIL_LEASES=0``
-turns leases off (per-op acquire/release everywhere, as Opus checks in before every op).
+changes phase only after its peers finished the previous phase's ops with it. ``leases=False`` in
+the config turns leases off (per-op acquire/release everywhere, as Opus checks in before every op).
 
-Modes: ``on_demand`` asks when an op needs a group (a reconfiguration starts when the phase's first
+Modes: ``on-demand`` asks when an op needs a group (a reconfiguration starts when the phase's first
 op arrives); ``provisioned`` learns each rank's sequence of groups in the first iteration and, when
 it finishes the last op before a change of group, sends a ``prepare`` of the group expected next
 (with the release, for a per-op group), so the controller can revoke and reconfigure while the rank
@@ -45,41 +51,77 @@ both ways) are not supported through it.
 
 from __future__ import annotations
 
-import os
+import functools
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from lightrail.control.plan import Mode, Plan, rail_circuits, runtime_plan
-from lightrail.errors import ScenarioError
+from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.client import ControllerClient
 from lightrail.workload.parallel import ORDER, Layout
 
-__all__ = ["configure", "register", "setup", "shutdown", "LightrailProcessGroup", "phase_of", "circuits_of",
-           "agent_stats", "requests_sent"]
-
-def configure(*, controller: str, job: str, layout: Layout, mode: str = "provisioned", leases: bool = True) -> None:
-    """Set this process's backend options (as environment variables, so spawned workers can inherit)."""
-    mode = Mode.parse(mode, field="mode")
-    os.environ.update({
-        "LIGHTRAIL_CONTROLLER": controller, "LIGHTRAIL_JOB": job, "LIGHTRAIL_MODE": mode,
-        "LIGHTRAIL_LEASES": "1" if leases else "0",
-        "LIGHTRAIL_LAYOUT": f"tp={layout.tp},cp={layout.cp},ep={layout.ep},dp={layout.dp},pp={layout.pp},"
-                            f"gpus_per_server={layout.gpus_per_server}"})
+__all__ = ["BackendConfig", "Inner", "Agent", "setup", "register", "idle_stats", "LightrailProcessGroup",
+           "phase_of", "circuits_of"]
 
 
-def _layout_from_env() -> Layout:
-    text = os.environ.get("LIGHTRAIL_LAYOUT", "")
-    try:
-        degrees = {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
-        return Layout(**degrees)
-    except (ValueError, TypeError) as e:
-        raise ScenarioError(f"cannot read LIGHTRAIL_LAYOUT={text!r} ({e})", field="LIGHTRAIL_LAYOUT",
-                            fix="e.g. tp=2,cp=1,ep=1,dp=2,pp=2,gpus_per_server=2 (torch_backend.configure)") from None
+class Inner(StrEnum):
+    """The real backend each lightrail group wraps (its numerics and transport)."""
+
+    GLOO = "gloo"
+    """CPU tensors (tests, the train-demo)."""
+    NCCL = "nccl"
+    """GPU tensors; circuits are released only after the op's data has moved (the backend waits for the work)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendConfig:
+    """Everything the backend needs in one rank process; frozen and picklable, so a launcher passes it
+    to its workers as an argument. Strings are accepted for ``mode`` and ``inner`` and parsed here."""
+
+    layout: Layout
+    """The job's rank layout: names each group's phase and gives each rank its rail and server port."""
+    controller: str | None = None
+    """The controller's rank-protocol address, ``host:port``; None runs the wrapped backend with no circuits."""
+    job: str = "job"
+    """The job's name at the controller (its ports belong to it)."""
+    mode: Mode = Mode.PROVISIONED
+    """``provisioned`` announces the next group as a phase's last op ends; ``on-demand`` asks when it starts."""
+    leases: bool = True
+    """Let groups whose phase is one configuration of the Plan hold their circuits across ops."""
+    inner: Inner = Inner.GLOO
+    """The wrapped backend: ``gloo`` (CPU) or ``nccl`` (GPU)."""
+
+    def __post_init__(self):
+        if not isinstance(self.layout, Layout):
+            raise ScenarioError(f"layout must be a Layout, got {type(self.layout).__name__}", field="layout",
+                                fix="e.g. Layout.from_degrees(8, tp=2, pp=2)")
+        if self.controller is not None:
+            self.address()  # checks it
+        if not isinstance(self.job, str) or not self.job:
+            raise ScenarioError(f"job must be a non-empty string, got {self.job!r}", field="job", fix='e.g. job="j1"')
+        object.__setattr__(self, "mode", Mode.parse(self.mode, field="mode"))
+        if not isinstance(self.leases, bool):
+            raise ScenarioError(f"leases must be true or false, got {self.leases!r}", field="leases")
+        try:
+            object.__setattr__(self, "inner", Inner(self.inner))
+        except ValueError:
+            raise ScenarioError(f"unknown inner backend {self.inner!r}", field="inner",
+                                fix="use gloo (CPU) or nccl (GPU)") from None
+
+    def address(self) -> tuple[str, int]:
+        """The controller's (host, port)."""
+        text = self.controller
+        host, _, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ScenarioError(f"cannot read controller address {text!r}", field="controller",
+                                fix='host:port, e.g. "127.0.0.1:7600" (the port `controller serve` printed)')
+        return host, int(port)
 
 
 def phase_of(layout: Layout, ranks) -> str:
@@ -102,11 +144,11 @@ def circuits_of(layout: Layout, transfers) -> dict[str, dict[int, int]]:
     return out
 
 
-@dataclass
-class _Agent:
-    """One per process: the controller connection, the Plan, and the sequence of groups it learned to expect.
+class Agent:
+    """One per process, made by :func:`setup`: the controller connection, the Plan, the sequence of
+    groups it learned to expect, and its counters (``stats()``, ``requests``).
 
-    ``run`` wraps every op on a group with circuits. A group whose phase is one configuration of the
+    ``run_op`` wraps every op on a group with circuits. A group whose phase is one configuration of the
     plan runs under a lease (no request while it stands); any other acquires before the op (blocking
     until the circuits are lit and every member is there) and releases right after. Provisioned mode
     adds a prediction: ``after`` maps (group, ops in its current run) to the group that came next
@@ -115,32 +157,66 @@ class _Agent:
     seen to be wrong is dropped.
     """
 
-    client: ControllerClient | None
-    layout: Layout
-    mode: str
-    rank: int
-    plan: Plan | None = None
-    leases: bool = True
-    declared: set[str] = field(default_factory=set)
-    run_key: str | None = None
-    run: int = 0
-    after: dict[tuple[str, int], str | None] = field(default_factory=dict)
-    ops: int = 0  # ops on groups with circuits
-    under_lease: int = 0  # of which ran under a lease (no request)
-    revokes: int = 0
-    wait_s: float = 0.0
+    def __init__(self, config: BackendConfig):
+        self.config = config
+        self.layout = config.layout
+        self.plan: Plan = runtime_plan(config.layout)  # built once per process
+        self.client: ControllerClient | None = None
+        self.rank: int | None = None  # set by the process's first group
+        self.closed = False
+        self.declared: set[str] = set()
+        self.run_key: str | None = None
+        self.run = 0
+        self.after: dict[tuple[str, int], str | None] = {}
+        self.ops = 0  # ops on groups with circuits
+        self.under_lease = 0  # of which ran under a lease (no request)
+        self.revokes = 0
+        self.wait_s = 0.0
+
+    def connect(self, rank: int) -> bool:
+        """The process's first group (the default one) names its rank: say hello to the controller.
+        True if this call connected (every rank should then wait for the others' hellos)."""
+        if self.rank is not None:
+            return False
+        self.rank = rank
+        if self.config.controller is None:
+            return False
+        # The client's reader thread answers revokes while the main thread computes: with CPython's
+        # default 5 ms switch interval a revoke could wait that long for the GIL at every rank.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
+        host, port = self.config.address()
+        self.client = ControllerClient(host, port, job=self.config.job, rank=rank, on_revoke=self._revoked)
+        self.client.hello(self.layout.world, {f"rail{int(self.layout.rail(rank))}": int(self.layout.server(rank))})
+        return True
+
+    @property
+    def requests(self) -> int:
+        """Controller requests this process sent so far (hello and bye aside; 0 without a controller)."""
+        return 0 if self.client is None else self.client.requests
+
+    def stats(self) -> dict:
+        """This process's controller requests (hello and bye aside), the time it spent blocked in acquires,
+        the round trips of requests answered at once, its ops on groups with circuits, how many of them
+        ran under a lease, and the revokes it answered (all zero without a controller)."""
+        if self.client is None:
+            return idle_stats()
+        return {"requests": self.client.requests, "wait_s": self.wait_s, "request_s": list(self.client.round_trips),
+                "ops": self.ops, "under_lease": self.under_lease, "revokes": self.revokes}
 
     def leased(self, key: str) -> bool:
         """True if the group (key, or phase) takes leases: its phase is one configuration of the plan.
         Its send/recv between two ranks are then one group, both directions (the ops of the two
         ranks on it still pair up in order: gloo matches a pair's sends and receives in order)."""
-        return self.leases and self.plan is not None and self.plan.single_configuration(key.split(":")[0])
+        return self.config.leases and self.plan.single_configuration(key.split(":")[0])
 
     def run_op(self, key: str, members, circuits, call) -> None:
         client = self.client
         if client is None or not circuits:
             call().wait()
             return
+        if self.closed:
+            raise InfeasibleError(f"an op on {key} after the backend's agent was closed", field="agent",
+                                  fix="close the agent only after the last op (before destroy_process_group)")
         if key not in self.declared:
             client.declare(key, members, circuits, phase=key.split(":")[0])
             self.declared.add(key)
@@ -149,7 +225,7 @@ class _Agent:
         self.run = self.run + 1 if key == self.run_key else 1
         self.run_key = key
         self.ops += 1
-        nxt = self.after.get((key, self.run)) if self.mode == "provisioned" else None
+        nxt = self.after.get((key, self.run)) if self.config.mode is Mode.PROVISIONED else None
         leased = self.leased(key)
         if leased and client.enter(key):
             self.under_lease += 1
@@ -179,74 +255,32 @@ class _Agent:
         self.revokes += 1
 
     def close(self) -> None:
-        if self.client is not None:
+        """Leave the controller (its ports are freed); the counters stay readable."""
+        if self.client is not None and not self.closed:
             self.client.bye()
             self.client.close()
-            self.client = None
+        self.closed = True
 
 
-_AGENT: _Agent | None = None
-
-
-def _agent(rank: int) -> _Agent:
-    global _AGENT
-    if _AGENT is None:
-        layout = _layout_from_env()
-        mode = Mode.parse(os.environ.get("LIGHTRAIL_MODE", "provisioned"), field="LIGHTRAIL_MODE")
-        address = os.environ.get("LIGHTRAIL_CONTROLLER", "")
-        leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
-        agent = _Agent(None, layout, mode, rank, plan=runtime_plan(layout), leases=leases)
-        if address:
-            # The client's reader thread answers revokes while the main thread computes: with CPython's
-            # default 5 ms switch interval a revoke could wait that long for the GIL at every rank.
-            sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
-            host, _, port = address.rpartition(":")
-            agent.client = ControllerClient(host, int(port), job=os.environ.get("LIGHTRAIL_JOB", "job"), rank=rank,
-                                            on_revoke=agent._revoked)
-            agent.client.hello(layout.world, {f"rail{int(layout.rail(rank))}": int(layout.server(rank))})
-        _AGENT = agent
-    return _AGENT
-
-
-def agent_stats() -> dict:
-    """This process's controller requests (hello and bye aside), the time it spent blocked in acquires,
-    the round trips of requests answered at once, its ops on groups with circuits, how many of them
-    ran under a lease, and the revokes it answered."""
-    a = _AGENT
-    if a is None or a.client is None:
-        return {"requests": 0, "wait_s": 0.0, "request_s": [], "ops": 0, "under_lease": 0, "revokes": 0}
-    return {"requests": a.client.requests, "wait_s": a.wait_s, "request_s": list(a.client.round_trips),
-            "ops": a.ops, "under_lease": a.under_lease, "revokes": a.revokes}
-
-
-def requests_sent() -> int:
-    """Controller requests this process sent so far (0 without a controller)."""
-    a = _AGENT
-    return 0 if a is None or a.client is None else a.client.requests
-
-
-def shutdown() -> None:
-    global _AGENT
-    if _AGENT is not None:
-        _AGENT.close()
-        _AGENT = None
+def idle_stats() -> dict:
+    """``Agent.stats()`` of a process with no controller (plain gloo): the same keys, all zero."""
+    return {"requests": 0, "wait_s": 0.0, "request_s": [], "ops": 0, "under_lease": 0, "revokes": 0}
 
 
 class LightrailProcessGroup(dist.ProcessGroup):
     """A process group that holds its circuits (a lease, or around every op) while the wrapped one runs."""
 
-    def __init__(self, opts, _options=None):
+    def __init__(self, agent: Agent, opts, _options=None):
         super().__init__(opts.group_rank, opts.group_size)
-        if os.environ.get("LIGHTRAIL_INNER", "gloo") == "nccl":
+        if agent.config.inner is Inner.NCCL:
             self.inner = dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size)
         else:
             self.inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
         self.members = [int(r) for r in opts.global_ranks_in_group] or list(range(opts.group_size))
-        first = _AGENT is None
-        self.agent = _agent(self.members[opts.group_rank])  # the first group (the default one) says hello
-        if first and self.agent.client is not None:
+        self.agent = agent
+        if agent.connect(self.members[opts.group_rank]):  # the first group (the default one) says hello
             self.inner.barrier().wait()  # every rank's ports are claimed before any group is declared
-        layout = self.agent.layout
+        layout = agent.layout
         self.phase = phase_of(layout, self.members)
         ring = list(zip(self.members, self.members[1:] + self.members[:1], strict=True))
         self.key = f"{self.phase}:{','.join(map(str, self.members))}"
@@ -331,17 +365,17 @@ def _done():
     return _create_work_from_future(future)
 
 
-def _create(opts, options):
-    return LightrailProcessGroup(opts, options)
+def setup(config: BackendConfig) -> Agent:
+    """What each rank process runs before ``init_process_group``: a new :class:`Agent` for ``config``,
+    registered as backend ``"lightrail"``; returns it (its ``stats()``, ``requests``, ``close()``)."""
+    return register(Agent(config))
 
 
-def setup(*, controller: str, job: str, layout: Layout, mode: str = "provisioned", leases: bool = True) -> None:
-    """``configure`` then ``register``: what each rank process runs before ``init_process_group``."""
-    configure(controller=controller, job=job, layout=layout, mode=mode, leases=leases)
-    register()
+def register(agent: Agent) -> Agent:
+    """Register backend ``"lightrail"`` with torch.distributed, its groups bound to ``agent``.
 
-
-def register() -> None:
-    """Register backend ``"lightrail"`` with torch.distributed (idempotent)."""
-    if "lightrail" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("lightrail", _create, extended_api=True, devices=["cpu", "cuda"])
+    torch keeps one factory per backend name: registering again (a second run in the same process)
+    binds the groups created from then on to the new agent; groups already created keep theirs."""
+    dist.Backend.register_backend("lightrail", functools.partial(LightrailProcessGroup, agent), extended_api=True,
+                                  devices=["cpu", "cuda"])
+    return agent

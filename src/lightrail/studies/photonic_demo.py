@@ -18,34 +18,40 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from lightrail.control.plan import Mode
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime import torch_backend
+from lightrail.runtime.controller.server import require_service
 from lightrail.studies.train_demo import DemoConfig, run_demo
 from lightrail.workload.parallel import Layout
 
-__all__ = ["start_controller", "run_photonic_demo", "predicted_overhead", "calibrated_peak_tflops"]
+__all__ = ["start_controller", "run_photonic_demo", "predicted_overhead", "calibrated_peak_tflops", "Prediction",
+           "PhotonicDemoResult", "Row"]
 
 
 def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, timeout: float = 30.0):
     """Start ``lightrail controller serve`` on free ports; returns (process, ready info)."""
     cmd = [sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0", "--admin-port", "0",
-           "--state", str(state), "--rails", str(rails), "--ports", str(ports), "--delay", f"{delay_s}s"]
+           "--state", str(state), "--rails", str(rails), "--ports", str(ports), "--ocs-delay", f"{delay_s}s"]
     log = open(state.with_suffix(".log"), "w")  # noqa: SIM115 (the process owns it until it exits)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout)
-        raise InfeasibleError(f"the controller did not start (exit {proc.returncode})", field="controller",
-                              fix=f"see {log.name}")
+        log.close()
+        last = (Path(log.name).read_text().strip().splitlines() or [""])[-1]
+        raise InfeasibleError(f"the controller did not start (exit {proc.returncode}){': ' + last if last else ''}",
+                              field="controller", fix=f"see {log.name}")
     return proc, json.loads(line)
 
 
 def _metrics(admin_port: int) -> dict[str, float]:
-    import httpx
-
+    (httpx,) = require_service("httpx")
     text = httpx.get(f"http://127.0.0.1:{admin_port}/metrics", timeout=10).text
     out = {}
     for line in text.splitlines():
@@ -107,8 +113,33 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
     return a / (iteration_s - b)
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """What ``simulate`` predicts for the demo job (see :func:`predicted_overhead`)."""
+
+    iteration_s: float
+    electrical_iteration_s: float
+    overhead_s: float
+    reconfigurations_per_rail_per_iteration: float
+    controller_round_trips_per_iteration: float | None
+    overhead_breakdown_s: Mapping[str, float]
+    peak_tflops: float | None
+    """The per-rank compute rate the model ran at (calibrated on the gloo run), or None: the preset's."""
+    check_in_rtt_s: float | None
+    leases: bool
+    schedule: str
+
+    def to_dict(self) -> dict:
+        return {"iteration_s": self.iteration_s, "electrical_iteration_s": self.electrical_iteration_s,
+                "overhead_s": self.overhead_s,
+                "reconfigurations_per_rail_per_iteration": self.reconfigurations_per_rail_per_iteration,
+                "controller_round_trips_per_iteration": self.controller_round_trips_per_iteration,
+                "overhead_breakdown_s": dict(self.overhead_breakdown_s), "peak_tflops": self.peak_tflops,
+                "check_in_rtt_s": self.check_in_rtt_s, "leases": self.leases, "schedule": self.schedule}
+
+
 def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str, leases: bool = True,
-                       peak_tflops: float | None = None, check_in_rtt_s: float | None = None) -> dict:
+                       peak_tflops: float | None = None, check_in_rtt_s: float | None = None) -> Prediction:
     """What ``lightrail simulate`` predicts for the same model, layout, micro-batches, pipeline schedule
     (GPipe), OCS delay, mode and lease policy. With ``peak_tflops`` (see :func:`calibrated_peak_tflops`)
     the model computes at this CPU's speed, so its overhead can be set beside the measured one; with
@@ -120,30 +151,106 @@ def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: flo
     runs = JobRuns(built.job)  # the photonic run and its electrical baseline, as `simulate` computes them
     result = runs(built.fabric, built.params)
     photonic, electrical = result.iteration_time_s, runs.electrical(built.fabric).iteration_time_s
-    return {"iteration_s": photonic, "electrical_iteration_s": electrical, "overhead_s": photonic - electrical,
-            "reconfigurations_per_rail_per_iteration": result.reconfigurations_per_iteration,
-            "controller_round_trips_per_iteration": result.controller_round_trips_per_iteration,
-            "overhead_breakdown_s": overhead_breakdown(runs, built.fabric, built.params, photonic, electrical),
-            "peak_tflops": peak_tflops, "check_in_rtt_s": check_in_rtt_s, "leases": leases, "schedule": "gpipe"}
+    return Prediction(photonic, electrical, photonic - electrical, result.reconfigurations_per_iteration,
+                      result.controller_round_trips_per_iteration,
+                      overhead_breakdown(runs, built.fabric, built.params, photonic, electrical), peak_tflops,
+                      check_in_rtt_s, leases, "gpipe")
+
+
+class Row(NamedTuple):
+    """One row of the train-demo comparison: a quantity on gloo, on the lightrail backend, in ``simulate``."""
+
+    what: str
+    unit: str
+    """``s`` (a time) or ``1`` (a count)."""
+    gloo: float | None
+    lightrail: float | None
+    simulate: float | None
+    relative: float | None = None
+    """The lightrail value as a fraction of the gloo iteration, where that says more (the overhead)."""
+
+
+@dataclass(frozen=True)
+class PhotonicDemoResult:
+    """The train-demo: measured on gloo and on emulated photonic rails, beside ``simulate``'s prediction.
+
+    ``to_dict()`` is the JSON ``lightrail train-demo --json`` prints and writes."""
+
+    ranks: int
+    tp: int
+    pp: int
+    dp: int
+    steps: int
+    gpus_per_server: int
+    rails: int
+    ocs_delay_s: float
+    mode: Mode
+    leases: bool
+    gloo_iteration_s: float
+    lightrail_iteration_s: float
+    overhead_s: float
+    """Measured: lightrail minus gloo median iteration."""
+    overhead: float
+    """``overhead_s`` as a fraction of the gloo iteration."""
+    predicted_overhead_s: float
+    model_to_measured_ratio: float | None
+    """Measured over predicted overhead (None when the model predicts none)."""
+    controller_requests_per_iteration: float
+    """Per rank per iteration, the first (warm-up) left out."""
+    ops_under_lease: float
+    """Fraction of ops on groups with circuits that ran under a lease (no request)."""
+    revocations_per_iteration: float
+    reconfigurations_per_iteration: float
+    """All rails together."""
+    reconfigurations_per_rail_per_iteration: float
+    request_latency_p50_s: float | None
+    request_latency_p99_s: float | None
+    acquire_wait_p99_s: float | None
+    unsafe_reconfigurations: float
+    losses_identical: bool
+    losses: tuple[float, ...]
+    lightrail_losses: tuple[float, ...]
+    gloo_iteration_series_s: tuple[float, ...]
+    lightrail_iteration_series_s: tuple[float, ...]
+    measurement: str
+    predicted: Prediction
+    controller_startup_s: float | None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["mode"] = self.mode.value
+        for name in ("losses", "lightrail_losses", "gloo_iteration_series_s", "lightrail_iteration_series_s"):
+            out[name] = list(out[name])
+        out["predicted"] = self.predicted.to_dict()
+        return out
+
+    def rows(self) -> list[Row]:
+        """The comparison table: iteration, overhead, reconfigurations per rail, controller requests."""
+        p = self.predicted
+        return [Row("iteration (median)", "s", self.gloo_iteration_s, self.lightrail_iteration_s, p.iteration_s),
+                Row("overhead per iteration", "s", None, self.overhead_s, p.overhead_s, relative=self.overhead),
+                Row("reconfigurations / rail / iteration", "1", None, self.reconfigurations_per_rail_per_iteration,
+                    p.reconfigurations_per_rail_per_iteration),
+                Row("controller requests / rank / iteration", "1", None, self.controller_requests_per_iteration,
+                    p.controller_round_trips_per_iteration)]
 
 
 _BLOCK = 5
 """Steps per block when the gloo and lightrail replicas alternate."""
 
 
-def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: str = "provisioned",
-                      gpus_per_server: int | None = None, workdir: Path | None = None, leases: bool | None = None,
-                      progress=lambda what: None) -> dict:
+def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | str = Mode.PROVISIONED,
+                      gpus_per_server: int | None = None, workdir: Path | None = None, leases: bool = True,
+                      progress=lambda what: None) -> PhotonicDemoResult:
     """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare with
-    ``simulate`` for the same job, its compute calibrated on the gloo run. ``leases`` (default: on,
-    unless ``LIGHTRAIL_LEASES=0``) lets single-configuration phases hold their circuits across ops."""
+    ``simulate`` for the same job, its compute calibrated on the gloo run. ``leases`` lets
+    single-configuration phases hold their circuits across ops."""
     g = gpus_per_server or config.tp
     if g < 1 or config.world % g:
         raise ScenarioError(f"{config.world} ranks do not fill servers of {g}", field="--gpus-per-server",
                             fix=f"use a divisor of {config.world}")
     mode = Mode.parse(mode, field="--mode")
-    if leases is None:
-        leases = os.environ.get("LIGHTRAIL_LEASES", "1") != "0"
+    require_service("fastapi", "uvicorn", "httpx")  # the controller's admin API, read here: fail before training
     layout = Layout.from_degrees(config.world, tp=config.tp, pp=config.pp, dp=config.dp, gpus_per_server=g)
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(workdir or tmp) / "controller.db"
@@ -152,19 +259,20 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: str = "pr
             # both in the same processes, in alternating blocks of steps, so they are timed under the
             # same load (separate runs of this 8-process job on 2 cores differ by up to 30%)
             progress("training on gloo and on emulated photonic rails, alternating")
-            init = functools.partial(torch_backend.setup, controller=f"127.0.0.1:{info['port']}", job="train-demo",
-                                     layout=layout, mode=mode, leases=leases)
+            backend = torch_backend.BackendConfig(controller=f"127.0.0.1:{info['port']}", job="train-demo",
+                                                  layout=layout, mode=mode, leases=leases)
+            init = functools.partial(torch_backend.setup, backend)  # each worker's agent, from its argument
             photonic = run_demo(config, backend="lightrail", init=init, baseline="gloo", block=_BLOCK)
-            plain = photonic["baseline"]
+            plain = photonic.baseline
             metrics = _metrics(info["admin_port"])
         finally:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(30)
     progress("simulating the same job")
-    stats = [r.get("controller", {}) for r in photonic["ranks"]]
+    stats = [r.get("controller", {}) for r in photonic.ranks]
     round_trips = sorted(s for st in stats for s in st.get("request_s", []))
     rtt_p50 = round_trips[len(round_trips) // 2] if round_trips else None
-    peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain["median_iteration_s"])
+    peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s)
     predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, mode=mode, leases=leases,
                                    peak_tflops=peak, check_in_rtt_s=rtt_p50)
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
@@ -173,34 +281,33 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: str = "pr
     per_rank = [(st["requests"] - st["requests_per_step"][0]) / max(1, config.steps - 1) for st in stats
                 if st.get("requests_per_step")]
     ops = sum(st.get("ops", 0) for st in stats)
-    identical = plain["loss_bits"] == photonic["loss_bits"] and plain["losses_consistent"] \
-        and photonic["losses_consistent"]
-    measured_overhead = photonic["median_iteration_s"] - plain["median_iteration_s"]
-    return {
-        "ranks": config.world, "tp": config.tp, "pp": config.pp, "dp": config.dp, "steps": config.steps,
-        "gpus_per_server": g, "rails": g, "ocs_delay_s": ocs_delay_s, "mode": mode, "leases": leases,
-        "gloo_iteration_s": plain["median_iteration_s"],
-        "lightrail_iteration_s": photonic["median_iteration_s"],
-        "overhead_s": measured_overhead,
-        "overhead": measured_overhead / plain["median_iteration_s"],
-        "predicted_overhead_s": predicted["overhead_s"],
-        "model_to_measured_ratio": measured_overhead / predicted["overhead_s"] if predicted["overhead_s"] > 0
-        else None,
-        "controller_requests_per_iteration": statistics.fmean(per_rank) if per_rank else 0.0,
-        "ops_under_lease": sum(st.get("under_lease", 0) for st in stats) / ops if ops else 0.0,
-        "revocations_per_iteration": metrics.get("lightrail_revocations_total", 0.0) / config.steps,
-        "reconfigurations_per_iteration": reconfigs / config.steps,  # all rails
-        "reconfigurations_per_rail_per_iteration": reconfigs / config.steps / g,
-        "request_latency_p50_s": rtt_p50,
-        "request_latency_p99_s": round_trips[min(len(round_trips) - 1, int(0.99 * len(round_trips)))]
+    main = photonic.main
+    identical = plain.loss_bits == main.loss_bits and plain.losses_consistent and main.losses_consistent
+    measured_overhead = main.median_iteration_s - plain.median_iteration_s
+    return PhotonicDemoResult(
+        ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps,
+        gpus_per_server=g, rails=g, ocs_delay_s=ocs_delay_s, mode=mode, leases=leases,
+        gloo_iteration_s=plain.median_iteration_s,
+        lightrail_iteration_s=main.median_iteration_s,
+        overhead_s=measured_overhead,
+        overhead=measured_overhead / plain.median_iteration_s,
+        predicted_overhead_s=predicted.overhead_s,
+        model_to_measured_ratio=measured_overhead / predicted.overhead_s if predicted.overhead_s > 0 else None,
+        controller_requests_per_iteration=statistics.fmean(per_rank) if per_rank else 0.0,
+        ops_under_lease=sum(st.get("under_lease", 0) for st in stats) / ops if ops else 0.0,
+        revocations_per_iteration=metrics.get("lightrail_revocations_total", 0.0) / config.steps,
+        reconfigurations_per_iteration=reconfigs / config.steps,
+        reconfigurations_per_rail_per_iteration=reconfigs / config.steps / g,
+        request_latency_p50_s=rtt_p50,
+        request_latency_p99_s=round_trips[min(len(round_trips) - 1, int(0.99 * len(round_trips)))]
         if round_trips else None,
-        "acquire_wait_p99_s": metrics.get('lightrail_acquire_latency_seconds{quantile="0.99"}'),
-        "unsafe_reconfigurations": metrics.get("lightrail_unsafe_reconfigurations_total", 0.0),
-        "losses_identical": bool(identical),
-        "losses": plain["losses"], "lightrail_losses": photonic["losses"],
-        "gloo_iteration_series_s": plain["iteration_s"], "lightrail_iteration_series_s": photonic["iteration_s"],
-        "measurement": f"gloo and lightrail replicas in the same processes, alternating blocks of {_BLOCK} steps; "
-                       "medians leave out the first step of each block",
-        "predicted": predicted,
-        "controller_startup_s": info.get("startup_s"),
-    }
+        acquire_wait_p99_s=metrics.get('lightrail_acquire_latency_seconds{quantile="0.99"}'),
+        unsafe_reconfigurations=metrics.get("lightrail_unsafe_reconfigurations_total", 0.0),
+        losses_identical=bool(identical),
+        losses=plain.losses, lightrail_losses=main.losses,
+        gloo_iteration_series_s=plain.iteration_s, lightrail_iteration_series_s=main.iteration_s,
+        measurement=f"gloo and lightrail replicas in the same processes, alternating blocks of {_BLOCK} steps; "
+                    "medians leave out the first step of each block",
+        predicted=predicted,
+        controller_startup_s=info.get("startup_s"),
+    )

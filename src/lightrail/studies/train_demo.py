@@ -39,11 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightrail.errors import ScenarioError
-from lightrail.runtime import torch_backend
 from lightrail.runtime.launch import run_processes
+from lightrail.runtime.torch_backend import Agent, idle_stats
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["DemoConfig", "train_worker", "run_demo"]
+__all__ = ["DemoConfig", "ReplicaRun", "DemoRun", "train_worker", "run_demo"]
 
 _GROUP_DIMS = (Dim.TP, Dim.DP, Dim.PP)
 """Order in which every rank creates the groups (all of one dimension before the next)."""
@@ -276,16 +276,21 @@ def _bits(value: float) -> int:
     return int(torch.tensor([value], dtype=torch.float32).view(torch.int32).item())
 
 
-def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None = None, block: int = 5) -> dict:
+def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None = None, block: int = 5, *,
+                 context: Agent | None = None) -> dict:
     """Train ``config.steps`` steps as ``rank`` of ``world`` (default group already initialised).
 
-    Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s"}``;
+    Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "controller"}``;
     ``losses`` (step losses averaged over the global batch, float32 values) and ``loss_bits`` (their
     float32 bit patterns) are empty except on the last pipeline stage.
 
     With ``baseline`` (a backend name), a second replica of the model trains on groups of that backend
     in the same processes, in alternating blocks of ``block`` steps (the baseline first in even
     blocks), so both are timed under the same load; its results are under ``"baseline"``.
+
+    ``context`` is the lightrail backend's agent of this process when the groups run on it (what
+    ``torch_backend.setup`` returned in the launcher's ``init``): its controller requests are counted
+    per step, reported under ``"controller"``, and it leaves the controller when training ends.
     """
     if world != config.world:
         raise ScenarioError(f"{world} ranks run a layout of tp({config.tp}) * pp({config.pp}) * dp({config.dp}) "
@@ -294,12 +299,12 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None
     torch.set_num_threads(1)  # many ranks share few cores
     try:
         layout = config.layout()
-        main = _Replica(config, rank, _make_groups(layout, rank))
+        main = _Replica(config, rank, _make_groups(layout, rank), context)
         if baseline is None:
             for step in range(config.steps):
                 main.step(step)
             return main.result(rank)
-        other = _Replica(config, rank, _make_groups(layout, rank, baseline))
+        other = _Replica(config, rank, _make_groups(layout, rank, baseline), context)
         for first in range(0, config.steps, block):
             steps = range(first, min(first + block, config.steps))
             for replica in ((other, main) if first // block % 2 == 0 else (main, other)):
@@ -307,14 +312,16 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None
                     replica.step(step)
         return {**main.result(rank), "baseline": other.result(rank)}
     finally:
-        torch_backend.shutdown()
+        if context is not None:
+            context.close()
         torch.set_num_threads(threads)
 
 
 class _Replica:
     """One copy of the model on one set of groups, with its losses, step times and controller requests."""
 
-    def __init__(self, config: DemoConfig, rank: int, groups: dict):
+    def __init__(self, config: DemoConfig, rank: int, groups: dict, agent: Agent | None):
+        self.agent = agent  # shared by both replicas: requests count wherever they happen (acks of revokes)
         coords = {d: int(c) for d, c in config.layout().coords(rank).items()}
         self.config, self.groups = config, groups
         self.stage, self.tp_rank, self.dp_rank = coords[Dim.PP], coords[Dim.TP], coords[Dim.DP]
@@ -324,19 +331,22 @@ class _Replica:
         self.losses, self.times, self.requests = [], [], []
 
     def step(self, step: int) -> None:
-        start, sent = time.perf_counter(), torch_backend.requests_sent()
+        start, sent = time.perf_counter(), self._requests()
         for p in self.params:
             p.grad = None
         loss = _pipeline_step(self.config, self.model, step, self.stage, self.dp_rank, self.groups[Dim.PP])
         loss = _sync_gradients(self.config, self.params, loss, self.groups[Dim.DP])
         self.optimizer.step()
         self.times.append(time.perf_counter() - start)
-        self.requests.append(torch_backend.requests_sent() - sent)
+        self.requests.append(self._requests() - sent)
         if loss is not None:
             self.losses.append(loss)
 
+    def _requests(self) -> int:
+        return 0 if self.agent is None else self.agent.requests
+
     def result(self, rank: int) -> dict:
-        controller = torch_backend.agent_stats()  # the lightrail backend's requests (none on plain gloo)
+        controller = idle_stats() if self.agent is None else self.agent.stats()  # none on plain gloo
         controller["requests_per_step"] = self.requests
         return {"rank": rank, "stage": self.stage, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
                 "losses": self.losses, "loss_bits": [_bits(x) for x in self.losses], "iteration_s": self.times,
@@ -394,36 +404,78 @@ def _sync_gradients(config: DemoConfig, params: list[nn.Parameter], loss, dp_gro
     return float(flat[-1]) if loss is not None else None
 
 
+@dataclass(frozen=True)
+class ReplicaRun:
+    """One replica's training over all ranks: its backend, losses and per-step times."""
+
+    backend: str
+    losses: tuple[float, ...]
+    """Step losses, from the last stage's first rank (float32 values)."""
+    loss_bits: tuple[int, ...]
+    """Their float32 bit patterns: equal bits mean identical numerics."""
+    losses_consistent: bool
+    """Every last-stage rank reported the same bits."""
+    iteration_s: tuple[float, ...]
+    """Per step, the slowest rank's time."""
+    median_iteration_s: float
+    """Median of ``iteration_s`` without warm-up steps (see :func:`run_demo`)."""
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "losses": list(self.losses), "loss_bits": list(self.loss_bits),
+                "losses_consistent": self.losses_consistent, "iteration_s": list(self.iteration_s),
+                "median_iteration_s": self.median_iteration_s}
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """What :func:`run_demo` returns: the run on its backend, every rank's raw result, and the baseline
+    replica's run when there is one."""
+
+    config: DemoConfig
+    world: int
+    main: ReplicaRun
+    ranks: tuple[dict, ...]
+    """Each rank's result, as :func:`train_worker` returns it."""
+    baseline: ReplicaRun | None = None
+
+    def to_dict(self) -> dict:
+        """``{"config", "backend", "world", "losses", "loss_bits", "losses_consistent", "iteration_s",
+        "median_iteration_s", "ranks"}`` and, with a baseline, ``"baseline"`` (its backend and the same keys)."""
+        main = self.main.to_dict()
+        out = {"config": asdict(self.config), "backend": main.pop("backend"), "world": self.world, **main,
+               "ranks": list(self.ranks)}
+        if self.baseline is not None:
+            out["baseline"] = self.baseline.to_dict()
+        return out
+
+
 def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], Any] | None = None,
-             pg_options: Any = None, baseline: str | None = None, block: int = 5) -> dict:
+             pg_options: Any = None, baseline: str | None = None, block: int = 5) -> DemoRun:
     """Train ``config`` on ``config.world`` spawned CPU processes over ``backend``; aggregate the results.
 
     ``init`` (picklable, no arguments) runs in every worker before the default group exists, e.g.
-    to register ``backend``. Returns ``{"config", "backend", "world", "losses", "loss_bits",
-    "losses_consistent", "iteration_s", "median_iteration_s", "ranks"}``: losses from the last
-    stage's first rank, whether every last-stage rank reported the same bits, the per-step time
-    (slowest rank), its median without the first (warm-up) step, and every rank's raw result.
+    to register ``backend`` (``functools.partial(torch_backend.setup, backend_config)``: its agent
+    reaches :func:`train_worker` as ``context``). The losses come from the last stage's first rank,
+    with whether every last-stage rank reported the same bits; the per-step time is the slowest
+    rank's, and its median leaves out the first (warm-up) step.
 
     With ``baseline``, a replica also trains on that backend in the same processes, in alternating
-    blocks of ``block`` steps (see :func:`train_worker`); its aggregate is under ``"baseline"``, and
-    both medians leave out the first step of every block (the first one after a switch of backend
-    finds the fabric as the other replica's block left it).
+    blocks of ``block`` steps (see :func:`train_worker`); both medians leave out the first step of
+    every block (the first one after a switch of backend finds the fabric as the other replica's
+    block left it).
     """
     results = run_processes(train_worker, config.world, config, baseline, block, backend=backend, init=init,
                             pg_options=pg_options)
     skip = set(range(0, config.steps, block)) if baseline else {0}
-    out = {"config": asdict(config), "backend": backend, "world": config.world,
-           **_aggregate(config, results, skip), "ranks": results}
-    if baseline:
-        out["baseline"] = {"backend": baseline, **_aggregate(config, [r["baseline"] for r in results], skip)}
-    return out
+    return DemoRun(config, config.world, _aggregate(config, backend, results, skip), tuple(results),
+                   _aggregate(config, baseline, [r["baseline"] for r in results], skip) if baseline else None)
 
 
-def _aggregate(config: DemoConfig, results: list[dict], skip: set[int]) -> dict:
+def _aggregate(config: DemoConfig, backend: str, results: list[dict], skip: set[int]) -> ReplicaRun:
     reporters = [r for r in results if r["stage"] == config.pp - 1]
     first = reporters[0]
     per_step = [max(r["iteration_s"][s] for r in results) for s in range(config.steps)]
     kept = [t for s, t in enumerate(per_step) if s not in skip] or per_step
-    return {"losses": first["losses"], "loss_bits": first["loss_bits"],
-            "losses_consistent": all(r["loss_bits"] == first["loss_bits"] for r in reporters),
-            "iteration_s": per_step, "median_iteration_s": statistics.median(kept)}
+    return ReplicaRun(backend, tuple(first["losses"]), tuple(first["loss_bits"]),
+                      all(r["loss_bits"] == first["loss_bits"] for r in reporters), tuple(per_step),
+                      statistics.median(kept))

@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lightrail.errors import ScenarioError
+from lightrail.fabric.params import RECONFIG_DELAY
 from lightrail.units import parse_time
 from lightrail.validation import first_error, read_mapping
 
@@ -34,8 +35,7 @@ class DeviceConfig(_Strict):
     name: str = Field(min_length=1)
     driver: str = "emulated"
     ports: int = Field(64, ge=1)
-    # MEMS OCS (e.g. Polatis) reconfigure in ~10-25 ms (DESIGN.md "Defaults")
-    delay: float = 0.010
+    delay: float = RECONFIG_DELAY  # seconds; the one default, in fabric/params.py (with its source)
     duplex: bool = False
 
     @field_validator("delay", mode="before")
@@ -60,7 +60,7 @@ class ControllerConfig(_Strict):
         return v
 
 
-def default_config(*, rails: int = 8, ports: int = 64, delay: float = 0.010, port: int = 7600,
+def default_config(*, rails: int = 8, ports: int = 64, delay: float = RECONFIG_DELAY, port: int = 7600,
                    admin_port: int = 7601) -> ControllerConfig:
     """One emulated OCS per rail (``rail0``..), the shape of a rail-optimized cluster."""
     return ControllerConfig(port=port, admin_port=admin_port,

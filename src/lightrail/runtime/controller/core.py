@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
@@ -51,7 +52,18 @@ from lightrail.runtime.controller.protocol import Ack, Acquire, Bye, Group, Hell
 from lightrail.runtime.controller.store import Store
 from lightrail.runtime.ocs import changed_ports, make_driver
 
-__all__ = ["Controller", "GroupState"]
+__all__ = ["Controller", "GroupState", "GroupStatus"]
+
+
+class GroupStatus(StrEnum):
+    """Where a group is in its round; the strings are what ``GET /jobs`` shows (docs/controller.md)."""
+
+    IDLE = "idle"
+    """Not granted: members may be asking, or its circuits lit for members that prepared."""
+    APPLYING = "applying"
+    """Its reconfiguration is under way: its ports are dark until the switch settles."""
+    GRANTED = "granted"
+    """Its members hold it (per op, or a lease): its ports carry traffic."""
 
 
 @dataclass(eq=False)
@@ -65,7 +77,7 @@ class GroupState:
     acquirers: set[int] = field(default_factory=set)  # members that acquired (not just prepared)
     holders: set[int] = field(default_factory=set)  # members it is granted to (their traffic may flow)
     waiters: dict[int, tuple[asyncio.Future, float]] = field(default_factory=dict)  # blocked acquires
-    status: str = "idle"  # idle -> (applying ->) granted -> idle once nobody holds it
+    status: GroupStatus = GroupStatus.IDLE  # idle -> (applying ->) granted -> idle once nobody holds it
     ready_since: float = 0.0
     lease_asks: set[int] = field(default_factory=set)  # acquirers that asked for a lease
     lease: int | None = None  # id of the lease this round is (None: a per-op round)
@@ -79,8 +91,8 @@ class GroupState:
 
     def active(self) -> bool:
         """Its ports carry traffic: a change under way, holders, or a lease not yet over."""
-        return self.status == "applying" or (self.status == "granted" and (bool(self.holders)
-                                                                          or self.lease is not None))
+        return self.status == GroupStatus.APPLYING or (
+            self.status == GroupStatus.GRANTED and (bool(self.holders) or self.lease is not None))
 
     def started(self) -> int:
         """Revoking: the most ops any member ran or is allowed to run under the lease."""
@@ -347,7 +359,7 @@ class Controller:
         switch the fabric back and forth."""
         soft: dict[str, tuple[set[int], set[int]]] = {}
         for g in self.groups.values():
-            if g.status == "idle" and len(g.intents) == len(g.members) and len(g.acquirers) < len(g.members) \
+            if g.status == GroupStatus.IDLE and len(g.intents) == len(g.members) and len(g.acquirers) < len(g.members) \
                     and not self._changes(g):
                 _add_ports(soft, g)
         return soft
@@ -356,7 +368,7 @@ class Controller:
         """Light every group whose members all asked and whose change switches no busy port (the
         switch changes at once, the group is granted after the delay); grant the lit groups whose
         members all acquired."""
-        ready = sorted((g for g in self.groups.values() if g.status == "idle" and g.intents
+        ready = sorted((g for g in self.groups.values() if g.status == GroupStatus.IDLE and g.intents
                         and len(g.intents) == len(g.members)), key=lambda g: g.ready_since)
         if not ready:
             return
@@ -392,7 +404,7 @@ class Controller:
                 continue
             ports = h.ports()
             if any(ins & ports[d][0] or outs & ports[d][1] for d, (ins, outs) in switched.items() if d in ports):
-                if h.status != "granted" or h.lease is None:
+                if h.status != GroupStatus.GRANTED or h.lease is None:
                     return
                 leases.append(h)
         for h in leases:
@@ -424,7 +436,7 @@ class Controller:
                                  "busy_inputs": sorted(b_in), "busy_outputs": sorted(b_out)})
         self.store.add("reconfiguration_seconds", done - now)
         self.log("reconfigure", job=g.job, group=g.key, phase=g.phase, devices=sorted(changes), delay_s=done - now)
-        g.status = "applying"
+        g.status = GroupStatus.APPLYING
         task = asyncio.get_running_loop().create_task(self._settle(g, done - now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -432,13 +444,13 @@ class Controller:
     async def _settle(self, g: GroupState, delay: float) -> None:
         if delay > 0:
             await self.sleep(delay)
-        g.status = "idle"
+        g.status = GroupStatus.IDLE
         if len(g.acquirers) == len(g.members) and not self._changes(g):
             self._grant(g)  # every member is waiting for it
         self._schedule()
 
     def _grant(self, g: GroupState) -> None:
-        g.status = "granted"
+        g.status = GroupStatus.GRANTED
         g.holders = set(g.acquirers)
         g.acquirers = set()  # acquires from now on are for the next round
         g.ready_since = 0.0
@@ -490,7 +502,7 @@ class Controller:
             self._rejoin(g, rank)
         if g.holders or len(set(g.ops.values())) > 1:
             return False  # someone is still inside, has not answered, or must run its remaining ops
-        g.status, g.lease, g.revoking, g.ops, g.limit = "idle", None, False, {}, {}
+        g.status, g.lease, g.revoking, g.ops, g.limit = GroupStatus.IDLE, None, False, {}, {}
         if g.intents and len(g.intents) == len(g.members):
             g.ready_since = self.clock()
         return True
@@ -511,12 +523,12 @@ class Controller:
             waiter[0].cancel()
         if len(g.intents) < len(g.members):
             g.ready_since = 0.0
-        if g.status == "granted" and not g.holders and g.lease is None:
-            g.status = "idle"  # the round is over; ranks already back wait for the next barrier
+        if g.status == GroupStatus.GRANTED and not g.holders and g.lease is None:
+            g.status = GroupStatus.IDLE  # the round is over; ranks already back wait for the next barrier
             if len(g.intents) == len(g.members):
                 g.ready_since = self.clock()
             return True
-        return g.status == "idle" and was_complete  # its lit-for-prepare ports are no longer reserved
+        return g.status == GroupStatus.IDLE and was_complete  # its lit-for-prepare ports are no longer reserved
 
     # -- lookups and views ------------------------------------------------------------------------------
     def _device(self, device: str, *, field: str):
@@ -552,7 +564,7 @@ class Controller:
 
     def jobs_view(self) -> dict:
         return {job: {"world": info["world"], "registered": sorted(info["ranks"]),
-                      "groups": {g.key: {"phase": g.phase, "status": g.status, "members": sorted(g.members),
+                      "groups": {g.key: {"phase": g.phase, "status": g.status.value, "members": sorted(g.members),
                                          "holders": sorted(g.holders), "waiting": sorted(g.waiters),
                                          "lease": g.lease, "revoking": g.revoking}
                                  for g in self.groups.values() if g.job == job}}

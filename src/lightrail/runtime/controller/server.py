@@ -5,12 +5,17 @@ Admin API (FastAPI): ``GET /healthz``, ``GET /state`` (circuits and port owners 
 ``GET /jobs`` (jobs, their groups and who holds them), ``GET /reconfigurations`` (recent ones, with
 the ports they changed and the ports that were busy), ``GET /metrics`` (Prometheus text format),
 ``POST /devices/{device}/circuits`` (an operator's change, validated; nothing changes on error).
+
+FastAPI and uvicorn are the optional extra ``service``: they are imported only when the controller
+starts, so the rest of lightrail (and this module) works without them, and a controller started
+without them stops with a LightrailError that names the fix.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import json
 import logging
 import signal
@@ -35,9 +40,20 @@ from lightrail.runtime.controller.protocol import (
 )
 from lightrail.runtime.controller.store import Store
 
-__all__ = ["serve", "admin_app", "metrics_text"]
+__all__ = ["serve", "admin_app", "metrics_text", "require_service"]
 
 log = logging.getLogger("lightrail.controller")
+
+
+def require_service(*modules: str) -> tuple:
+    """Import ``modules`` of the optional extra ``service`` (default: the admin API's fastapi and uvicorn);
+    without them, a LightrailError naming the fix rather than an ImportError traceback."""
+    try:
+        return tuple(importlib.import_module(name) for name in modules or ("fastapi", "uvicorn"))
+    except ImportError as e:
+        raise LightrailError(f"{e.name or 'a module'} is not installed; the controller's HTTP admin API (and "
+                             f"reading it) needs lightrail's optional extra 'service'", field="controller",
+                             fix="pip install 'lightrail[service]'") from None
 
 
 class _JsonFormatter(logging.Formatter):
@@ -175,10 +191,10 @@ class Changes(BaseModel):
 
 def admin_app(controller: Controller):
     """The HTTP admin API over ``controller`` (FastAPI app)."""
-    from fastapi import FastAPI
+    fastapi, _ = require_service()
     from fastapi.responses import JSONResponse, PlainTextResponse
 
-    app = FastAPI(title="lightrail controller", version="1")
+    app = fastapi.FastAPI(title="lightrail controller", version="1")
 
     @app.exception_handler(LightrailError)
     async def _refused(_, e: LightrailError):
@@ -213,8 +229,7 @@ def admin_app(controller: Controller):
 
 
 async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
-    import uvicorn
-
+    _, uvicorn = require_service()
     start = time.perf_counter()
     store = Store(state_path)
     connections: dict[tuple[str, int], asyncio.StreamWriter] = {}
@@ -248,7 +263,8 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
 
 def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
     """Run the controller until SIGTERM/SIGINT; ``ready(info)`` is called once it listens (default:
-    print the info as one JSON line on stdout)."""
+    print the info as one JSON line on stdout). Without the extra ``service``, a LightrailError first."""
+    require_service()  # before the log handler and the event loop: a missing extra is a one-line error
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     log.handlers[:] = [handler]

@@ -10,6 +10,7 @@ import numpy as np
 
 from lightrail.errors import ScenarioError
 from lightrail.fabric.circuits import CircuitState
+from lightrail.fabric.params import RECONFIG_DELAY
 from lightrail.runtime.ocs.driver import Changes, changed_ports, validate_changes
 
 __all__ = ["EmulatedOCS"]
@@ -22,7 +23,8 @@ class EmulatedOCS:
     ----------
     name : device name, quoted in error messages.
     ports : number of input ports (= output ports), at least 1.
-    delay_s : reconfiguration delay in seconds (finite, >= 0); the default 10 ms is a fast MEMS switch.
+    delay_s : reconfiguration delay in seconds (finite, >= 0); the default is ``fabric.params.RECONFIG_DELAY``
+        (10 ms, a fast MEMS switch).
     duplex : only light bidirectional circuits (symmetric configurations), like a Polatis in duplex mode.
     allow_loopback : allow ``i -> i`` circuits.
 
@@ -35,7 +37,7 @@ class EmulatedOCS:
         self,
         name: str = "ocs",
         ports: int = 64,
-        delay_s: float = 0.010,
+        delay_s: float = RECONFIG_DELAY,
         duplex: bool = False,
         allow_loopback: bool = False,
     ):

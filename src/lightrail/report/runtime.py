@@ -1,0 +1,68 @@
+"""The control plane in the loop, for people and for files: the train-demo's table, summary and outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from lightrail.report.files import write_json
+from lightrail.units import format_time
+
+if TYPE_CHECKING:
+    from lightrail.studies.photonic_demo import PhotonicDemoResult, Row
+
+__all__ = ["train_demo_title", "train_demo_table", "print_train_demo", "write_train_demo"]
+
+
+def train_demo_title(result: PhotonicDemoResult) -> str:
+    """``8 ranks TP2 PP2 DP2, OCS 10ms, provisioned``: the job and fabric, for the plot and the table."""
+    return (f"{result.ranks} ranks TP{result.tp} PP{result.pp} DP{result.dp}, OCS {format_time(result.ocs_delay_s)}, "
+            f"{result.mode}")
+
+
+def _cell(row: Row, value: float | None, *, relative: float | None = None) -> str:
+    if value is None:
+        return ""
+    text = format_time(value) if row.unit == "s" else f"{value:.1f}"
+    return text if relative is None else f"{text} ({relative * 100:+.1f}%)"
+
+
+def train_demo_table(result: PhotonicDemoResult) -> Table:
+    """Gloo, the lightrail backend and ``simulate``'s prediction side by side, one row per quantity."""
+    table = Table(title=f"train-demo: {result.ranks} CPU ranks (TP{result.tp} PP{result.pp} DP{result.dp}), "
+                        f"{result.rails} rails, OCS {format_time(result.ocs_delay_s)}, {result.mode}")
+    for col in ("", "gloo", "lightrail backend", "simulate (same job)"):
+        table.add_column(col, justify="right" if col else "left")
+    for row in result.rows():
+        table.add_row(row.what, _cell(row, row.gloo), _cell(row, row.lightrail, relative=row.relative),
+                      _cell(row, row.simulate))
+    return table
+
+
+def print_train_demo(result: PhotonicDemoResult, console: Console, *, wrote: Sequence[Path] = ()) -> None:
+    """The table, then how far the model is from the measurement and whether the run was sound."""
+    console.print(train_demo_table(result))
+    ratio, p = result.model_to_measured_ratio, result.predicted
+    console.print(f"measured / predicted overhead: {'n/a' if ratio is None else f'{ratio:.2f}x'} (model computes "
+                  f"at this CPU's rate, {p.peak_tflops * 1e3:.2f} GFLOP/s peak, measured on gloo); leases "
+                  f"{'on' if result.leases else 'off'}")
+    lat = result.request_latency_p99_s
+    console.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
+                  f"{'yes' if result.losses_identical else 'NO'}; unsafe reconfigurations: "
+                  f"{int(result.unsafe_reconfigurations)}")
+    console.print(f"measurement: {result.measurement}", highlight=False)
+    if wrote:
+        console.print(f"wrote {', '.join(map(str, wrote))}")
+
+
+def write_train_demo(result: PhotonicDemoResult, out_dir: Path) -> list[Path]:
+    """``train-demo.json`` (``result.to_dict()``) and ``iterations.png`` in ``out_dir``, each written atomically."""
+    from lightrail.report.plots import plot_train_demo
+
+    out_dir = Path(out_dir)
+    return [write_json(out_dir / "train-demo.json", result.to_dict()),
+            plot_train_demo(result, out_dir / "iterations.png", title=train_demo_title(result))]

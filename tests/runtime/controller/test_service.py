@@ -1,0 +1,369 @@
+"""The real controller process: the rank protocol over TCP with real clients (barrier, leases revoked
+by push), the admin API over HTTP (and in process), bad requests refused while it stays up, SIGTERM,
+SIGKILL + restart. Needs the optional extra ``service`` (fastapi, uvicorn, httpx)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")  # the optional extra "service" (the admin API and its client)
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from lightrail.runtime.controller.client import ControllerClient, ControllerError  # noqa: E402
+
+
+def _ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                line = proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"the controller exited ({proc.wait()}) before it was ready")
+                info = json.loads(line)
+                if info.get("event") == "ready":
+                    return info
+        raise AssertionError("no ready line within the timeout")
+    finally:
+        sel.close()
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """Start ``lightrail controller serve`` on a state file; every process is killed at teardown."""
+    started = []
+
+    def start(state: Path) -> tuple[subprocess.Popen, dict]:
+        log = open(tmp_path / f"controller-{len(started)}.log", "w")  # closed at teardown
+        proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0",
+                                 "--admin-port", "0", "--state", str(state), "--rails", "2", "--ports", "8",
+                                 "--ocs-delay", "5ms"], stdout=subprocess.PIPE, stderr=log, text=True)
+        started.append((proc, log))
+        info = _ready(proc)
+        assert isinstance(info["startup_s"], float)  # reported, never asserted on
+        return proc, info
+
+    yield start
+    for proc, log in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        log.close()
+
+
+def _metrics(admin: str) -> dict[str, float]:
+    text = httpx.get(f"{admin}/metrics", timeout=10).text
+    return {name: float(value) for name, value in
+            (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+def _clients(info: dict, job: str, world: int) -> list[ControllerClient]:
+    return [ControllerClient(info["host"], info["port"], job=job, rank=r, timeout=20) for r in range(world)]
+
+
+def test_service_ranks_barrier_state_metrics_and_sigterm(spawn, tmp_path, record_is_safe):
+    proc, info = spawn(tmp_path / "c.db")
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    assert httpx.get(f"{admin}/healthz", timeout=10).json() == {"ok": True}
+    ranks = _clients(info, "train", 4)
+    ring = {"rail0": {0: 1, 1: 2, 2: 3, 3: 0}}
+    pair = {"rail1": {0: 1, 1: 0}}
+    with ThreadPoolExecutor(4) as pool:
+        hellos = [pool.submit(c.hello, 4, {"rail0": r, "rail1": r}) for r, c in enumerate(ranks)]
+        assert sorted(f.result(timeout=20)["registered"] for f in hellos) == [1, 2, 3, 4]
+        for c in ranks:  # every rank declares the same groups (idempotent)
+            c.declare("dp", range(4), ring, phase="dp")
+            c.declare("pp", [0, 1], pair, phase="pp")
+        # barrier: rank 0's acquire is not answered until the last member asked
+        first = pool.submit(ranks[0].acquire, "dp")
+        time.sleep(0.3)
+        assert not first.done()
+        jobs = httpx.get(f"{admin}/jobs", timeout=10).json()
+        assert jobs["train"]["groups"]["dp"]["waiting"] == [0]
+        rest = [pool.submit(c.acquire, "dp") for c in ranks[1:]]
+        assert all(f.result(timeout=20)["granted"] for f in [first, *rest])
+        assert httpx.get(f"{admin}/jobs", timeout=10).json()["train"]["groups"]["dp"]["holders"] == [0, 1, 2, 3]
+        list(pool.map(lambda c: c.release("dp"), ranks))
+        for _ in range(2):  # more rounds: no reconfiguration
+            assert all(f.result(timeout=20)["granted"] for f in [pool.submit(c.acquire, "dp") for c in ranks])
+            list(pool.map(lambda c: c.release("dp"), ranks))
+        # provisioned: release + prepare pipelined, then acquire
+        list(pool.map(lambda c: c.prepare("pp"), ranks[:2]))
+        assert all(f.result(timeout=20)["granted"] for f in [pool.submit(c.acquire, "pp") for c in ranks[:2]])
+        list(pool.map(lambda c: c.release("pp"), ranks[:2]))
+    with pytest.raises(ControllerError) as e:
+        ranks[2].acquire("pp")
+    assert e.value.field == "rank"
+    state = httpx.get(f"{admin}/state", timeout=10).json()
+    assert state["devices"]["rail0"]["circuits"] == {"0": 1, "1": 2, "2": 3, "3": 0}
+    assert state["devices"]["rail1"]["circuits"] == {"0": 1, "1": 0}
+    assert state["owners"]["rail0"] == {str(r): "train" for r in range(4)}
+    m = _metrics(admin)
+    assert m['lightrail_reconfigurations_total{device="rail0"}'] == 1
+    assert m['lightrail_reconfigurations_total{device="rail1"}'] == 1
+    assert m["lightrail_unsafe_reconfigurations_total"] == 0
+    assert m["lightrail_grants_without_change_total"] == 2
+    assert m["lightrail_acquire_latency_seconds_count"] == 3 * 4 + 2
+    for q in ("0.5", "0.9", "0.99"):
+        assert f'lightrail_acquire_latency_seconds{{quantile="{q}"}}' in m
+    assert m['lightrail_acquire_latency_seconds{quantile="0.99"}'] >= 0.005 * 0.9  # the 5 ms switch delay
+    recs = httpx.get(f"{admin}/reconfigurations", timeout=10).json()
+    assert [r["device"] for r in recs] == ["rail0", "rail1"]
+    assert all(record_is_safe(r) for r in recs)
+    for c in ranks:
+        c.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+
+
+def test_service_lease_revoke_pushed_acked_then_switched(spawn, tmp_path, record_is_safe):
+    """Real server, real clients: ops under a lease send nothing; another group's acquire makes the
+    controller push revokes, which the clients' reader threads answer (at once, or as inside an op,
+    releasing when it completes); only then does the switch change."""
+    proc, info = spawn(tmp_path / "c.db")
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    ranks = _clients(info, "train", 3)
+    a, b = {"rail0": {0: 1, 1: 0}}, {"rail0": {0: 2, 2: 0}}  # B switches A's ports
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda rc: rc[1].hello(3, {"rail0": rc[0]}), enumerate(ranks)))
+        for c in ranks:
+            c.declare("A", [0, 1], a, phase="dp")
+            c.declare("B", [0, 2], b, phase="pp")
+        leases = {f.result(timeout=20)["lease"] for f in [pool.submit(c.acquire, "A", lease=True) for c in ranks[:2]]}
+        assert len(leases) == 1
+        sent = [c.requests for c in ranks]
+        for c in ranks[:2]:
+            c.leave("A")  # the op the lease was granted for
+            for _ in range(5):
+                assert c.enter("A")
+                c.leave("A")
+        assert [c.requests for c in ranks] == sent  # no request while the lease stands
+        assert ranks[0].enter("A") and ranks[1].enter("A")
+        ranks[0].leave("A")  # rank 0 is done with the op; rank 1 is still inside it when the revoke comes
+        fb = [pool.submit(c.acquire, "B") for c in (ranks[0], ranks[2])]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            view = httpx.get(f"{admin}/jobs", timeout=10).json()["train"]["groups"]["A"]
+            if view["revoking"] and view["holders"] == [1]:
+                break
+            time.sleep(0.02)
+        assert view["revoking"] and view["holders"] == [1], view  # rank 0 acked at once, from its reader thread
+        assert not any(f.done() for f in fb) and not ranks[0].holds("A")
+        assert httpx.get(f"{admin}/state", timeout=10).json()["devices"]["rail0"]["circuits"] == {"0": 1, "1": 0}
+        ranks[1].leave("A")  # the op completes: the release goes out
+        assert all(f.result(timeout=20)["granted"] for f in fb)
+    assert httpx.get(f"{admin}/state", timeout=10).json()["devices"]["rail0"]["circuits"] == {"0": 2, "2": 0}
+    recs = httpx.get(f"{admin}/reconfigurations", timeout=10).json()
+    assert [r["group"] for r in recs] == ["A", "B"] and all(record_is_safe(r) for r in recs)
+    m = _metrics(admin)
+    assert m["lightrail_leases_total"] == 1 and m["lightrail_revocations_total"] == 1
+    assert m["lightrail_unsafe_reconfigurations_total"] == 0
+    for c in ranks:
+        c.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+
+
+def test_service_refuses_bad_requests_and_stays_up(spawn, tmp_path):
+    proc, info = spawn(tmp_path / "c.db")
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    with socket.create_connection((info["host"], info["port"]), timeout=10) as s:
+        f = s.makefile("rb")
+
+        def ask(line: bytes) -> dict:
+            s.sendall(line + b"\n")
+            return json.loads(f.readline())
+
+        r = ask(b'{"op": "hello", "job": ')
+        assert r["ok"] is False and r["error"]["field"] == "message"
+        r = ask(b"[1, 2]")
+        assert r["ok"] is False and r["error"]["field"] == "message"
+        r = ask(json.dumps({"id": 3, "op": "hello", "job": "x", "rank": 0, "world": 1, "ports": {"rail0": 5},
+                            "colour": "red"}).encode())
+        assert r["ok"] is False and "colour" in r["error"]["field"]
+        r = ask(json.dumps({"id": 4, "op": "teleport", "job": "x"}).encode())
+        assert r["ok"] is False and r["error"]["field"]
+        x_hello = {"op": "hello", "job": "x", "rank": 0, "world": 1}
+        r = ask(json.dumps({"id": 5, **x_hello, "ports": {"rail0": 99}}).encode())
+        assert r == {"id": 5, "ok": False, "error": r["error"]} and r["error"]["field"] == "ports.rail0"
+        r = ask(json.dumps({"id": 6, **x_hello, "ports": {"rail0": 5}}).encode())
+        assert r == {"id": 6, "ok": True, "registered": 1, "world": 1}
+        r = ask(json.dumps({"id": 7, "op": "acquire", "job": "x", "rank": 0, "key": "nope"}).encode())
+        assert r["ok"] is False and r["id"] == 7 and r["error"]["field"] == "key"
+    assert httpx.get(f"{admin}/healthz", timeout=10).json() == {"ok": True}
+    assert httpx.get(f"{admin}/state", timeout=10).json()["owners"]["rail0"] == {"5": "x"}
+    assert _metrics(admin)["lightrail_request_errors_total"] == 6
+    # a rank on a new connection is served normally
+    c = ControllerClient(info["host"], info["port"], job="y", rank=0, timeout=20)
+    assert c.hello(1, {"rail1": 3})["registered"] == 1
+    c.close()
+    assert proc.poll() is None
+
+
+def test_service_admin_post_circuits_validates_and_applies(spawn, tmp_path):
+    proc, info = spawn(tmp_path / "c.db")
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    c = ControllerClient(info["host"], info["port"], job="x", rank=0, timeout=20)
+    c.hello(1, {"rail0": 5})
+    before = httpx.get(f"{admin}/state", timeout=10).json()
+    for body in ({"changes": {"6": 7, "4": 7}},  # two inputs on one output
+                 {"changes": {"5": 6}},  # port 5 is job x's
+                 {"changes": {"6": 99}},  # no such port
+                 {"changes": {"6": 7}, "colour": 1}):  # unknown field
+        r = httpx.post(f"{admin}/devices/rail0/circuits", json=body, timeout=10)
+        assert r.status_code in (400, 422), (body, r.text)
+        assert httpx.get(f"{admin}/state", timeout=10).json() == before
+    c.close()
+    r = httpx.post(f"{admin}/devices/rail0/circuits", json={"changes": {"6": 7, "4": 7}}, timeout=10)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"].startswith("configuration.")
+    assert httpx.post(f"{admin}/devices/rail5/circuits", json={"changes": {}}, timeout=10).status_code == 400
+    r = httpx.post(f"{admin}/devices/rail0/circuits", json={"changes": {"6": 7}}, timeout=10)
+    assert r.status_code == 200 and r.json()["circuits"] == {"6": 7}
+    assert httpx.get(f"{admin}/state", timeout=10).json()["devices"]["rail0"]["circuits"] == {"6": 7}
+
+
+# --- the admin API in process (ASGI, no server) -----------------------------------------------------------------------
+
+
+def _asgi(app):
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://controller")
+
+
+def test_admin_app_views_in_process(make, declare, acquire, job_of):
+    from lightrail.runtime.controller.server import admin_app, metrics_text
+
+    async def run():
+        c, vt = make()
+        job_of(c, world=2)
+        declare(c, "j", "pair", [0, 1], {"rail0": {0: 1, 1: 0}}, phase="dp")
+        fs = [acquire(c, "j", r, "pair") for r in (0, 1)]
+        await vt.settle()
+        assert all(f.done() for f in fs)
+        async with _asgi(admin_app(c)) as http:
+            assert (await http.get("/healthz")).json() == {"ok": True}
+            assert (await http.get("/state")).json() == json.loads(json.dumps(c.state()))
+            jobs = (await http.get("/jobs")).json()
+            assert jobs["j"]["groups"]["pair"] == {"phase": "dp", "status": "granted", "members": [0, 1],
+                                                   "holders": [0, 1], "waiting": [], "lease": None,
+                                                   "revoking": False}
+            (rec,) = (await http.get("/reconfigurations")).json()
+            assert rec["device"] == "rail0" and rec["changed_inputs"] == rec["changed_outputs"] == [0, 1]
+            assert rec["busy_inputs"] == rec["busy_outputs"] == []
+            text = (await http.get("/metrics")).text
+        assert text == metrics_text(c)
+        lines = text.splitlines()
+        assert 'lightrail_reconfigurations_total{device="rail0"} 1' in lines
+        assert 'lightrail_reconfigurations_total{device="rail1"} 0' in lines
+        assert 'lightrail_circuits_lit{device="rail0"} 2' in lines
+        assert "# TYPE lightrail_acquire_latency_seconds summary" in lines
+        assert 'lightrail_acquire_latency_seconds{quantile="0.5"} 0.01' in lines
+        assert "lightrail_acquire_latency_seconds_count 2" in lines
+
+    asyncio.run(run())
+
+
+def test_group_status_strings_in_the_admin_output_are_unchanged(make, job_of, declare, acquire):
+    """GroupStatus is a StrEnum: GET /jobs shows the documented strings, in the same JSON as before, and
+    GET /state is unchanged (pinned whole)."""
+    from lightrail.runtime.controller.core import GroupStatus
+    from lightrail.runtime.controller.server import admin_app
+
+    assert [s.value for s in GroupStatus] == ["idle", "applying", "granted"]
+
+    async def run():
+        c, vt = make()
+        job_of(c, world=2)
+        declare(c, "j", "pair", [0, 1], {"rail0": {0: 1, 1: 0}}, phase="dp")
+        seen, texts = [], []
+        async with _asgi(admin_app(c)) as http:
+            async def look():
+                texts.append((await http.get("/jobs")).text)
+                seen.append(json.loads(texts[-1])["j"]["groups"]["pair"]["status"])
+
+            await look()
+            fs = [acquire(c, "j", r, "pair") for r in (0, 1)]
+            await look()  # the switch is reconfiguring (virtual time stands still)
+            await vt.settle()
+            await look()
+            state = (await http.get("/state")).json()
+        assert all(f.done() for f in fs)
+        assert seen == ["idle", "applying", "granted"]
+        assert '"status":"granted"' in texts[-1]
+        assert type(c.jobs_view()["j"]["groups"]["pair"]["status"]) is str
+        device = {"driver": "EmulatedOCS", "ports": 8, "duplex": False, "delay_s": 0.01}
+        assert state == {"devices": {"rail0": {**device, "circuits": {"0": 1, "1": 0}},
+                                     "rail1": {**device, "circuits": {}}},
+                         "owners": {"rail0": {"0": "j", "1": "j"}, "rail1": {"0": "j", "1": "j"}}}
+
+    asyncio.run(run())
+
+
+def test_admin_app_post_circuits_in_process(make):
+    from lightrail.runtime.controller.server import admin_app
+
+    async def run():
+        c, _ = make()
+        async with _asgi(admin_app(c)) as http:
+            r = await http.post("/devices/rail0/circuits", json={"changes": {"2": 3}})
+            assert r.status_code == 200, r.text
+            assert c.devices["rail0"].state() == {2: 3}
+
+    asyncio.run(run())
+
+
+def test_service_restart_after_sigkill_keeps_circuits_and_owners(spawn, tmp_path):
+    state_file = tmp_path / "c.db"
+    proc, info = spawn(state_file)
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    ranks = _clients(info, "train", 2)
+    other = ControllerClient(info["host"], info["port"], job="eval", rank=0, timeout=20)
+    other.hello(1, {"rail1": 7})
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda rc: rc[1].hello(2, {"rail0": rc[0], "rail1": rc[0]}), enumerate(ranks)))
+        for c in ranks:
+            c.declare("pair", [0, 1], {"rail0": {0: 1, 1: 0}, "rail1": {0: 1, 1: 0}})
+        assert all(f.result(timeout=20)["granted"] for f in [pool.submit(c.acquire, "pair") for c in ranks])
+    before = httpx.get(f"{admin}/state", timeout=10).json()
+    assert before["devices"]["rail1"]["circuits"] == {"0": 1, "1": 0}
+    assert before["owners"]["rail1"] == {"0": "train", "1": "train", "7": "eval"}
+    proc.kill()  # SIGKILL while the ranks hold the group
+    assert proc.wait(10) == -signal.SIGKILL
+    for c in [*ranks, other]:
+        c.close()
+    proc2, info2 = spawn(state_file)
+    admin2 = f"http://{info2['host']}:{info2['admin_port']}"
+    after = httpx.get(f"{admin2}/state", timeout=10).json()
+    assert after == before
+    assert _metrics(admin2)['lightrail_reconfigurations_total{device="rail0"}'] == 1  # counters persisted
+    # the restarted controller still refuses the ports to another job, and the job carries on
+    intruder = ControllerClient(info2["host"], info2["port"], job="intruder", rank=0, timeout=20)
+    with pytest.raises(ControllerError) as e:
+        intruder.hello(1, {"rail0": 1})
+    assert e.value.field == "ports.rail0"
+    ranks = _clients(info2, "train", 2)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda rc: rc[1].hello(2, {"rail0": rc[0], "rail1": rc[0]}), enumerate(ranks)))
+        for c in ranks:
+            c.declare("pair", [0, 1], {"rail0": {0: 1, 1: 0}, "rail1": {0: 1, 1: 0}})
+        assert all(f.result(timeout=20)["granted"] for f in [pool.submit(c.acquire, "pair") for c in ranks])
+    assert _metrics(admin2)["lightrail_grants_without_change_total"] == 1
+    for c in [*ranks, intruder]:
+        c.close()
+    proc2.send_signal(signal.SIGTERM)
+    assert proc2.wait(15) == 0
