@@ -19,12 +19,13 @@ import scipy
 from lightrail.collectives import algorithms, generate, verify
 from lightrail.collectives.verify import verify_bitset, verify_interval
 from lightrail.fabric import rails, torus
+from lightrail.fabric.params import HOP_LATENCY
 from lightrail.sim import Engine
 
 REPEATS = 3
 GIB = 2**30
 ALPHA = 5e-6
-LATENCY = 1e-6
+LATENCY = HOP_LATENCY
 
 
 class Clock:

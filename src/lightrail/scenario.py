@@ -13,23 +13,35 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lightrail.control.opus import OpusParams
+from lightrail.control.opus import LIGHTRAIL, OpusParams
 from lightrail.errors import ScenarioError
-from lightrail.fabric.params import CHECK_IN_RTT, COMMAND_LATENCY, RECONFIG_DELAY, RailFabric
+from lightrail.fabric.builders import GPUS_PER_SERVER
+from lightrail.fabric.params import (
+    ALPHA,
+    CHECK_IN_RTT,
+    COMMAND_LATENCY,
+    HOP_LATENCY,
+    RECONFIG_DELAY,
+    FabricKind,
+    RailFabric,
+)
 from lightrail.studies.cost import CostFacts
-from lightrail.units import parse_rate, parse_time
+from lightrail.units import format_time, parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
 from lightrail.workload.hardware import GPU, gpu
 from lightrail.workload.importers import model_from_hf_config
 from lightrail.workload.model import ModelSpec, preset
 from lightrail.workload.parallel import Layout
-from lightrail.workload.program import TrainingJob
+from lightrail.workload.program import SCENARIO_DP_BUCKETS, TrainingJob
 
 __all__ = ["Scenario", "Built", "DEFAULT_SCENARIO", "load_scenario", "parse_scenario"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+_JOB = {f.name: f.default for f in fields(TrainingJob)}  # the job section's defaults are TrainingJob's
 
 
 class ModelSection(_Strict):
@@ -41,17 +53,17 @@ class ModelSection(_Strict):
 
 class ClusterSection(_Strict):
     gpus: int = Field(description="Number of GPUs in the job.")
-    gpus_per_server: int = Field(8, description="GPUs per server (NVLink domain) = rails.")
+    gpus_per_server: int = Field(GPUS_PER_SERVER, description="GPUs per server (NVLink domain) = rails.")
     gpu: str = Field("h200", description="GPU preset: h100, h200, b200, a100.")
     rail_bandwidth: str | None = Field(None, description="NIC / rail rate per GPU, e.g. 400Gbps (default: the GPU's).")
     nvlink_bandwidth: str | None = Field(None, description="NVLink rate per GPU per direction (default: the GPU's).")
-    latency: str = Field("1us", description="Latency per hop.")
-    alpha: str = Field("3us", description="Start-up cost per collective step.")
+    latency: str = Field(format_time(HOP_LATENCY), description="Latency per hop.")
+    alpha: str = Field(format_time(ALPHA), description="Start-up cost per collective step.")
     peak_tflops: float | None = Field(None, gt=0, description="Dense BF16 peak of one GPU in TFLOP/s (default: the "
                                                                "GPU preset's); e.g. a measured CPU rate.")
-    routing: Literal["pxn", "ecmp"] = Field("pxn", description="Electrical rails: NCCL's PXN (a flow uses the rail "
-                                                               "of its destination GPU, as photonic rails do) or "
-                                                               "ECMP over both rails of a cross-rail flow.")
+    routing: Literal["pxn", "ecmp"] = Field(RailFabric.routing, description="Electrical rails: NCCL's PXN (a flow "
+                                            "uses the rail of its destination GPU, as photonic rails do) or ECMP over "
+                                            "both rails of a cross-rail flow.")
 
 
 class ParallelSection(_Strict):
@@ -64,31 +76,36 @@ class ParallelSection(_Strict):
 
 class JobSection(_Strict):
     micro_batches: int = Field(description="Micro-batches per pipeline per iteration.")
-    micro_batch_size: int = Field(1, description="Sequences per micro-batch.")
-    mfu: float = Field(0.4, description="Fraction of peak FLOP/s achieved by compute.")
-    zero: bool = Field(False, description="Data parallel sync as reduce-scatter + all-gather (ZeRO).")
-    dp_buckets: int = Field(4, description="Gradient buckets overlapping the last backward.")
-    grad_bytes: int = Field(2, description="Bytes per gradient element in the sync (2 = bf16).")
-    schedule: Literal["1f1b", "gpipe"] = Field("1f1b", description="Pipeline schedule: 1F1B (Megatron) or GPipe "
-                                                                   "(all forwards, then all backwards).")
+    micro_batch_size: int = Field(_JOB["micro_batch_size"], description="Sequences per micro-batch.")
+    mfu: float = Field(_JOB["mfu"], description="Fraction of peak FLOP/s achieved by compute.")
+    zero: bool = Field(_JOB["zero"], description="Data parallel sync as reduce-scatter + all-gather (ZeRO).")
+    dp_buckets: int = Field(SCENARIO_DP_BUCKETS, description="Gradient buckets overlapping the last backward.")
+    grad_bytes: int = Field(_JOB["grad_bytes"], description="Bytes per gradient element in the sync (2 = bf16).")
+    schedule: Literal["1f1b", "gpipe"] = Field(_JOB["schedule"].value, description="Pipeline schedule: 1F1B (Megatron) "
+                                               "or GPipe (all forwards, then all backwards).")
 
 
 class OcsSection(_Strict):
     reconfig_delay: str = Field(f"{RECONFIG_DELAY * 1e3:g}ms",
                                 description="OCS reconfiguration delay (MEMS: 10-25 ms).")
     check_in_rtt: str = Field(f"{CHECK_IN_RTT * 1e3:g}ms", description="Round trip of a rank's check-in with the "
-                              "controller (default: lightrail's controller, measured; see sim/iteration.py).")
+                              "controller (default: lightrail's controller, measured; see fabric/params.py).")
     command_latency: str = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision to "
-                                 "the start of a reconfiguration (default: measured, see sim/iteration.py).")
-    mode: Literal["on-demand", "provisioned", "on_demand"] = Field("provisioned", description="When to reconfigure: "
-                                                                   "on-demand or provisioned (on_demand, the old "
-                                                                   "spelling, is still read).")
-    partial: bool = Field(True, description="Reconfigure only the ports that change (Opus: whole switch).")
-    skip_present: bool = Field(True, description="Skip a reconfiguration when the circuits are already there.")
-    split_pp: bool = Field(True, description="Forward pipeline traffic on even rails, backward on odd rails.")
-    defer_dp: bool = Field(True, description="Run gradient buckets after the last pipeline send, as one phase.")
-    leases: bool = Field(True, description="A group keeps its circuits across ops until another phase needs them "
-                                           "(Opus: every op checks in with the controller).")
+                                 "the start of a reconfiguration (default: measured, see fabric/params.py).")
+    mode: Literal["on-demand", "provisioned", "on_demand"] = Field(
+        LIGHTRAIL.mode.value, description="When to reconfigure: on-demand or provisioned (on_demand, the old "
+                                          "spelling, is still read).")
+    # the policy knobs default to lightrail's policy (control/opus.py)
+    partial: bool = Field(LIGHTRAIL.partial, description="Reconfigure only the ports that change (Opus: whole "
+                                                         "switch).")
+    skip_present: bool = Field(LIGHTRAIL.skip_present, description="Skip a reconfiguration when the circuits are "
+                                                                   "already there.")
+    split_pp: bool = Field(LIGHTRAIL.split_pp, description="Forward pipeline traffic on even rails, backward on odd "
+                                                           "rails.")
+    defer_dp: bool = Field(LIGHTRAIL.defer_dp, description="Run gradient buckets after the last pipeline send, as "
+                                                           "one phase.")
+    leases: bool = Field(LIGHTRAIL.leases, description="A group keeps its circuits across ops until another phase "
+                                                       "needs them (Opus: every op checks in with the controller).")
 
 
 class Scenario(_Strict):
@@ -114,8 +131,8 @@ class Scenario(_Strict):
             accel = replace(accel, peak_flops=c.peak_tflops * 1e12)
         layout = Layout.from_degrees(c.gpus, gpus_per_server=c.gpus_per_server, **self.parallel.model_dump())
         job = TrainingJob(model=model, layout=layout, gpu=accel, **self.job.model_dump())
-        fabric = RailFabric(kind="photonic", reconfig_delay=parse_time(self.ocs.reconfig_delay,
-                                                                       field="ocs.reconfig_delay"),
+        fabric = RailFabric(kind=FabricKind.PHOTONIC,
+                            reconfig_delay=parse_time(self.ocs.reconfig_delay, field="ocs.reconfig_delay"),
                             nic_bandwidth=nic, nvlink_bandwidth=nvl,
                             latency=parse_time(c.latency, field="cluster.latency"),
                             alpha=parse_time(c.alpha, field="cluster.alpha"), routing=c.routing,
@@ -168,10 +185,10 @@ DEFAULT_SCENARIO: dict = {
     "model": "llama3-70b",
     "cluster": {"gpus": 2048, "gpus_per_server": 8, "gpu": "h200", "rail_bandwidth": "400Gbps"},
     "parallel": {"tp": 8, "pp": 8, "dp": 32},
-    "job": {"micro_batches": 16, "micro_batch_size": 1, "mfu": 0.4, "dp_buckets": 4},
-    "ocs": {"reconfig_delay": f"{RECONFIG_DELAY * 1e3:g}ms", "mode": "provisioned"},
+    "job": {"micro_batches": 16},
 }
-"""Llama-3 70B on 2,048 H200 GPUs, TP8 x PP8 x DP32, 400 Gb/s rails, OCS delay 10 ms."""
+"""Llama-3 70B on 2,048 H200 GPUs, TP8 x PP8 x DP32, 400 Gb/s rails; the job and OCS take the scenario
+defaults (mfu 0.4, 4 gradient buckets, OCS delay 10 ms, provisioned)."""
 
 
 def parse_scenario(data: Any, *, source: str = "scenario") -> Scenario:

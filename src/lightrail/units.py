@@ -1,6 +1,6 @@
 """Quantities with units at the edge; bytes, seconds and bytes/s inside.
 
-``parse_size("1GiB")``, ``parse_rate("400Gbps")``, ``parse_time("10ms")``. Decimal prefixes
+``parse_size("1GiB")``, ``parse_rate("400Gbps")``, ``parse_time("20ms")``. Decimal prefixes
 (K, M, G, T) are powers of 1000 and binary ones (Ki, Mi, Gi, Ti) powers of 1024. In rates a
 lower-case ``b`` means bits (``400Gbps`` = 50e9 B/s) and an upper-case ``B`` bytes (``50GBps``).
 """
@@ -55,7 +55,11 @@ def _check(value: float, text: str, want: str, fix: str, field: str) -> float:
 
 
 def parse_size(value: str | int | float, *, field: str = "size") -> float:
-    """Bytes from ``"1GiB"``, ``"512KB"``, ``"8Gb"`` (bits) or a bare number of bytes (int)."""
+    """Bytes from ``"1GiB"``, ``"512KB"``, ``"8Gb"`` (bits) or a bare number of bytes (int).
+
+    >>> parse_size("1GiB"), parse_size("512KB"), parse_size("8Gb")
+    (1073741824.0, 512000.0, 1000000000.0)
+    """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return _check(float(value), str(value), "size", _SIZE_HELP, field)
     text = str(value).strip().replace(" ", "")
@@ -69,7 +73,11 @@ def parse_size(value: str | int | float, *, field: str = "size") -> float:
 
 
 def parse_rate(value: str | int | float, *, field: str = "bandwidth") -> float:
-    """Bytes per second from ``"400Gbps"`` (bits) or ``"50GBps"`` / ``"50GB/s"`` (bytes)."""
+    """Bytes per second from ``"400Gbps"`` (bits) or ``"50GBps"`` / ``"50GB/s"`` (bytes).
+
+    >>> parse_rate("400Gbps") == parse_rate("50GB/s") == 50e9
+    True
+    """
     text = str(value).strip().replace(" ", "")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         rate = _check(float(value), text, "rate", _RATE_HELP, field)
@@ -87,7 +95,15 @@ def parse_rate(value: str | int | float, *, field: str = "bandwidth") -> float:
 
 
 def parse_time(value: str | int | float, *, field: str = "time") -> float:
-    """Seconds from ``"10ms"``, ``"3us"``, ``"1s"``; a bare ``0`` is accepted as no time."""
+    """Seconds from ``"20ms"``, ``"3us"``, ``"1s"``; a bare ``0`` is accepted as no time.
+
+    >>> parse_time("20ms"), parse_time("0")
+    (0.02, 0.0)
+    >>> parse_time("10")
+    Traceback (most recent call last):
+    ...
+    lightrail.errors.UnitError: time: '10' has no unit; give a time with a unit, e.g. 10ms, 3us, 1s, 0 for none
+    """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return _check(float(value), str(value), "time", _TIME_HELP, field)
     text = str(value).strip().replace(" ", "")
@@ -120,5 +136,9 @@ def format_rate(bytes_per_s: float) -> str:
 
 
 def format_time(seconds: float) -> str:
-    """``0.0123 -> '12.3ms'``."""
+    """Seconds with a unit, four significant digits (what the parsers read back).
+
+    >>> format_time(0.0123), format_time(3e-6)
+    ('12.3ms', '3us')
+    """
     return _format(seconds, [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")], 4)

@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 
 from lightrail.collectives import (
+    Combine,
     Kind,
-    Op,
     algorithms,
     bus_factor,
     generate,
     get,
     is_correct,
+    parse_kind,
     register,
+    resolve,
     verify,
 )
 from lightrail.collectives.stragglar import phase2
@@ -225,9 +227,9 @@ def test_no_step_is_empty(algo):
 def test_ring_reduce_scatter_half_reduces_and_all_gather_half_copies(kind, name):
     n = 6
     schedule = generate(kind, name, n)
-    ops = [set(step.op.tolist()) for step in schedule.steps]
-    assert ops[: n - 1] == [{Op.REDUCE}] * (n - 1)
-    assert ops[n - 1 :] == [{Op.COPY}] * (schedule.nsteps - (n - 1))
+    ops = [set(step.combine.tolist()) for step in schedule.steps]
+    assert ops[: n - 1] == [{Combine.REDUCE}] * (n - 1)
+    assert ops[n - 1 :] == [{Combine.COPY}] * (schedule.nsteps - (n - 1))
 
 
 # Roots, pipelines and servers.
@@ -354,3 +356,32 @@ def test_registering_a_duplicate_name_is_refused():
         register("allreduce", "ring", summary="a second ring", steps="?")(impostor)
     assert get("allreduce", "ring") is before
     assert generate("allreduce", "ring", 4).nsteps == 6
+
+
+def test_auto_resolves_to_the_kinds_default_and_names_resolve_to_themselves():
+    assert {k: resolve(k, "auto", 6).name for k in Kind} == {
+        Kind.ALLREDUCE: "ring", Kind.REDUCESCATTER: "ring", Kind.ALLGATHER: "ring", Kind.ALLTOALL: "pairwise",
+        Kind.BROADCAST: "binomial-tree", Kind.REDUCE: "binomial-tree"}
+    assert all(sum(a.auto for a in algorithms(k)) == 1 for k in Kind)  # one auto entry per kind
+    assert resolve("allreduce", "recursive-doubling", 8) is get("allreduce", "recursive-doubling")
+    assert generate("alltoall", "auto", 5).name == generate("alltoall", "pairwise", 5).name
+    with pytest.raises(UnsupportedError, match="no allreduce algorithm named 'nope'"):
+        resolve("allreduce", "nope", 8)
+
+
+def test_auto_is_reserved_and_a_second_auto_entry_is_refused():
+    def impostor(n):
+        raise AssertionError("must never be registered")
+
+    with pytest.raises(ValueError, match="names the registry's choice"):
+        register("allreduce", "auto", summary="?", steps="?")(impostor)
+    with pytest.raises(ValueError, match="already has an auto algorithm"):
+        register("allreduce", "second-auto", summary="?", steps="?", auto=True)(impostor)
+    assert resolve("allreduce", "auto", 4).name == "ring"
+    assert "second-auto" not in {a.name for a in algorithms("allreduce")}
+
+
+def test_parse_kind_ignores_case_and_separators():
+    assert parse_kind("All-Reduce") is parse_kind("all_reduce") is Kind.ALLREDUCE
+    with pytest.raises(UnsupportedError, match="unknown collective 'allsum'"):
+        parse_kind("allsum")

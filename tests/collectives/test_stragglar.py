@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lightrail.collectives import generate, verify
-from lightrail.collectives.schedule import Op
+from lightrail.collectives.schedule import Combine
 from lightrail.collectives.stragglar import lower_bound, phase2, stragglar_allreduce
 from lightrail.errors import UnsupportedError
 
@@ -39,7 +39,7 @@ def _check_rounds(n: int) -> None:
         assert p.rounds == lower_bound(n)
     for end in (p.src, p.dst):  # nobody sends (receives) twice in a round
         assert len(np.unique(p.round.astype(np.int64) * n + end)) == len(end)
-    swap = p.op == Op.REDUCE  # round t < n-1: the straggler swaps chunk t with rank t, its only transfer
+    swap = p.combine == Combine.REDUCE  # round t < n-1: the straggler swaps chunk t with rank t, its only transfer
     assert sorted(zip(p.round[swap], p.src[swap], p.dst[swap], p.chunk[swap], strict=True)) == sorted(
         [(t, n - 1, t, t) for t in range(n - 1)] + [(t, t, n - 1, t) for t in range(n - 1)])
     straggler_copies = ~swap & ((p.src == n - 1) | (p.dst == n - 1))
@@ -59,7 +59,7 @@ def _check_power_of_two(n: int) -> None:
     assert verify(schedule).kind == "allreduce"
     assert schedule.nsteps == n - 2 + lower_bound(n)
     # nothing wasted: each chunk reaches each early rank once (n-2 copies per chunk) besides the swaps
-    copies = p.op == Op.COPY
+    copies = p.combine == Combine.COPY
     assert copies.sum() == (n - 1) * (n - 2)
     assert len(np.unique(p.chunk[copies].astype(np.int64) * n + p.dst[copies])) == copies.sum()
     # after round n-2 the straggler only sends the last chunk, once per round, to a rank still lacking it
@@ -129,9 +129,9 @@ def test_rounds_and_compare_from_the_cli():
         assert r.exit_code == 2 and "--ranks" in r.output
 
     n, size, delay, bw, lat, alpha = 8, 2**26, 5e-3, 450e9, 1e-6, 3e-6
-    result = runner.invoke(app, ["stragglar", "compare", "--ranks", str(n), "--size", "64MiB", "--delay", "5ms",
-                                 "--topology", "switch", "--bandwidth", "450GBps", "--latency", "1us", "--alpha", "3us",
-                                 "--json"])
+    result = runner.invoke(app, ["stragglar", "compare", "--ranks", str(n), "--size", "64MiB",
+                                 "--straggler-delay", "5ms", "--topology", "switch", "--bandwidth", "450GBps",
+                                 "--latency", "1us", "--alpha", "3us", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     # on a non-blocking switch every phase-2 round moves one chunk per rank: alpha + 2 hops + chunk / B
@@ -151,6 +151,23 @@ def test_rounds_and_compare_from_the_cli():
     assert out["stragglar_after_arrival_s"] == pytest.approx(ours - delay)
     assert {"speedup_over_ring", "speedup_over_best", "speedup_over_ring_after_arrival",
             "speedup_over_best_after_arrival", "times_s", "wait_then_best", "wait_then_best_s"} <= out.keys()
-    table = runner.invoke(app, ["stragglar", "compare", "--ranks", "8", "--delay", "250us"])
+    table = runner.invoke(app, ["stragglar", "compare", "--ranks", "8", "--straggler-delay", "250us"])
     assert table.exit_code == 0, table.output
     assert "from start" in table.output and "after straggler arrives" in table.output
+
+
+def test_compare_takes_the_old_delay_spelling_with_a_note_but_not_both():
+    from typer.testing import CliRunner
+
+    from lightrail.cli import app
+
+    runner = CliRunner()
+    new = runner.invoke(app, ["stragglar", "compare", "--ranks", "8", "--straggler-delay", "250us", "--json"])
+    old = runner.invoke(app, ["stragglar", "compare", "--ranks", "8", "--delay", "250us", "--json"])
+    assert new.exit_code == 0 and old.exit_code == 0, old.output
+    assert json.loads(old.stdout) == json.loads(new.stdout) and json.loads(new.stdout)["delay_s"] == 250e-6
+    assert "note: --delay is now --straggler-delay" in old.stderr and "note:" not in new.stderr
+    for args in (["--delay", "1ms", "--straggler-delay", "1ms"], ["--straggler-delay", "soon"],
+                 ["--straggler-delay", "-1ms"]):
+        r = runner.invoke(app, ["stragglar", "compare", *args])
+        assert r.exit_code == 2 and "--straggler-delay" in r.stderr and "Traceback" not in r.output, r.output

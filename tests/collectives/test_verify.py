@@ -14,7 +14,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from lightrail.collectives import Collective, Kind, Op, Schedule, algorithms, generate, is_correct, verify
+from lightrail.collectives import Collective, Combine, Kind, Schedule, algorithms, generate, is_correct, verify
 from lightrail.collectives.verify import _NotAnInterval, verify_bitset, verify_interval
 from lightrail.errors import VerificationError
 
@@ -108,7 +108,7 @@ def test_duplicated_reduce_counts_a_contribution_twice(n, where):
     schedule = generate("allreduce", "ring", n)
     steps = transfers(schedule)
     src, dst, chunk, op = steps[0][0]
-    assert op == Op.REDUCE
+    assert op == Combine.REDUCE
     if where == "same step":
         steps[0].append(steps[0][0])
         step = 0
@@ -123,8 +123,8 @@ def test_reduce_in_the_all_gather_half_double_counts(n):
     schedule = generate("allreduce", "ring", n)
     steps = transfers(schedule)
     src, dst, chunk, op = steps[n - 1][0]  # first step of the all-gather half
-    assert op == Op.COPY
-    steps[n - 1][0] = (src, dst, chunk, Op.REDUCE)
+    assert op == Combine.COPY
+    steps[n - 1][0] = (src, dst, chunk, Combine.REDUCE)
     assert_caught(rebuild(schedule, steps), (n - 1, dst, chunk), "twice")
 
 
@@ -133,8 +133,8 @@ def test_copy_in_the_reduce_scatter_half_overwrites_a_contribution(n):
     schedule = generate("allreduce", "ring", n)
     steps = transfers(schedule)
     src, dst, chunk, op = steps[0][0]
-    assert op == Op.REDUCE
-    steps[0][0] = (src, dst, chunk, Op.COPY)  # dst's own share of the chunk is lost
+    assert op == Combine.REDUCE
+    steps[0][0] = (src, dst, chunk, Combine.COPY)  # dst's own share of the chunk is lost
     assert_caught(rebuild(schedule, steps), (schedule.nsteps, 0, chunk), f"({n - 1} of {n})")
 
 
@@ -162,7 +162,7 @@ def test_broadcast_from_a_rank_that_is_not_the_root(n):
 
 
 @pytest.mark.parametrize("n", NS)
-@pytest.mark.parametrize("second", [Op.COPY, Op.REDUCE])
+@pytest.mark.parametrize("second", [Combine.COPY, Combine.REDUCE])
 def test_a_copy_and_another_write_into_one_slot_in_one_step(n, second):
     schedule = generate("allgather", "ring", n)
     steps = transfers(schedule)
@@ -251,7 +251,7 @@ def test_tampered_rotated_schedule_is_still_caught(n, tamper):
     else:
         src, dst, chunk, _ = steps[n - 1][-1]
         assert chunk // schedule.rotation == n - 1
-        steps[n - 1][-1] = (src, dst, chunk, Op.REDUCE)
+        steps[n - 1][-1] = (src, dst, chunk, Combine.REDUCE)
         where, says = (n - 1, dst, chunk), "twice"
     tampered = rebuild(schedule, steps, rotation=schedule.rotation)
     assert tampered.rotation == schedule.rotation
@@ -278,10 +278,12 @@ def test_rotation_claim_is_not_trusted_for_kinds_without_the_symmetry(case):
     if case == "broadcast":
         # Block 0 (rank 0 -> 1, chunk 0) is right; its rotation has rank 1 send chunk 1, which only
         # root 0 holds.
-        schedule = rebuild(Collective("broadcast", 2, 2), [[(0, 1, 0, Op.COPY), (1, 0, 1, Op.COPY)]], rotation=1)
+        schedule = rebuild(Collective("broadcast", 2, 2), [[(0, 1, 0, Combine.COPY), (1, 0, 1, Combine.COPY)]],
+                           rotation=1)
     else:
         # Rank 0 sends its chunk for rank 1; the rotation moves chunk 3 (1 -> 1) to rank 0.
-        schedule = rebuild(Collective("alltoall", 2, 4), [[(0, 1, 1, Op.COPY), (1, 0, 3, Op.COPY)]], rotation=2)
+        schedule = rebuild(Collective("alltoall", 2, 4), [[(0, 1, 1, Combine.COPY), (1, 0, 3, Combine.COPY)]],
+                           rotation=2)
     with pytest.raises(VerificationError):
         verify_bitset(schedule)  # the reference semantics refuses it
     assert not is_correct(schedule)
@@ -300,7 +302,7 @@ def test_bitset_in_one_chunk_batches_proves_every_algorithm(algo, monkeypatch):
 def test_bitset_in_one_chunk_batches_catches_faults(monkeypatch):
     schedule = generate("allreduce", "ring", 5)
     steps = transfers(schedule)
-    steps[5][0] = (*steps[5][0][:3], Op.REDUCE)
+    steps[5][0] = (*steps[5][0][:3], Combine.REDUCE)
     broken = rebuild(schedule, steps)
     expected = fault(verify_bitset, broken)[0]
     monkeypatch.setattr(verify_module, "_BITSET_BUDGET", 1)
@@ -309,7 +311,7 @@ def test_bitset_in_one_chunk_batches_catches_faults(monkeypatch):
 
 def test_bitset_in_batches_names_the_earliest_fault(monkeypatch):
     # Step 0: rank 0 sends chunk 1 (not held). Step 1: rank 1 sends chunk 0 (not held).
-    schedule = rebuild(Collective("allgather", 2, 2), [[(0, 1, 1, Op.COPY)], [(1, 0, 0, Op.COPY)]])
+    schedule = rebuild(Collective("allgather", 2, 2), [[(0, 1, 1, Combine.COPY)], [(1, 0, 0, Combine.COPY)]])
     assert fault(verify_bitset, schedule)[0] == (0, 0, 1)
     monkeypatch.setattr(verify_module, "_BITSET_BUDGET", 1)
     assert fault(verify_bitset, schedule)[0] == (0, 0, 1)
@@ -353,7 +355,8 @@ def random_schedules(draw) -> Schedule:
     nchunks = unit * draw(st.integers(1, 1 if kind is Kind.ALLTOALL else 3 if unit == 1 else 2))
     root = draw(st.integers(0, n - 1)) if kind in (Kind.BROADCAST, Kind.REDUCE) else 0
     transfer = st.tuples(
-        st.integers(0, n - 1), st.integers(1, n - 1), st.integers(0, nchunks - 1), st.sampled_from([Op.COPY, Op.REDUCE])
+        st.integers(0, n - 1), st.integers(1, n - 1), st.integers(0, nchunks - 1),
+        st.sampled_from([Combine.COPY, Combine.REDUCE]),
     )
     steps = draw(st.lists(st.lists(transfer, min_size=1, max_size=2 * n), max_size=6))
     steps = [[(s, (s + d) % n, c, op) for s, d, c, op in step] for step in steps]
@@ -392,7 +395,7 @@ def mutated_schedules(draw) -> Schedule:
     elif mutation == "duplicate":
         steps[draw(st.integers(s, len(steps) - 1))].append(steps[s][i])
     elif mutation == "flip op":
-        steps[s][i] = (src, dst, chunk, Op(1 - op))
+        steps[s][i] = (src, dst, chunk, Combine(1 - op))
     elif mutation == "retarget":
         steps[s][i] = (src, (src + draw(st.integers(1, n - 1))) % n, chunk, op)
     elif mutation == "rechunk":

@@ -12,12 +12,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lightrail.control.opus import LIGHTRAIL, ORIGINAL, OpusParams, OpusPlanner, is_rail_configuration
-from lightrail.fabric.params import RailFabric
+from lightrail.fabric.params import FabricKind, RailFabric
 from lightrail.scenario import parse_scenario
 from lightrail.sim.iteration import simulate_iteration
 from lightrail.sim.trace import chrome_trace
 from lightrail.workload.parallel import Dim
-from lightrail.workload.program import Send, build_program
+from lightrail.workload.program import CollectiveOp, SendOp, build_program
 
 DELAYS = [0.0, 1e-4, 1e-3, 10e-3, 50e-3, 250e-3]
 POLICIES = {"original": ORIGINAL, "lightrail": LIGHTRAIL,
@@ -136,7 +136,7 @@ def test_split_pipeline_rails_use_even_rails_forward_and_odd_rails_backward():
 def test_cross_server_all_to_all_is_split_into_matchings():
     b = JOBS["moe-ep"]
     planner = OpusPlanner(b.job.layout)
-    op = next(o for o in build_program(b.job).stages[0] if getattr(o, "dim", None) is Dim.EP)
+    op = next(o for o in build_program(b.job).stages[0] if isinstance(o, CollectiveOp) and o.dim is Dim.EP)
     parts = planner.requirements(op, 0)
     assert len(parts) > 1
     for part in parts:
@@ -176,7 +176,7 @@ def test_serial_job_on_electrical_rails_sums_its_ops():
     compute = sum(op.seconds for op in prog.stages[0] if hasattr(op, "seconds")) + \
         sum(op.seconds for op in prog.stages[1] if hasattr(op, "seconds"))
     # PP sends are one step each over GPU -> rail switch -> GPU: alpha + 2 hops + bytes / NIC rate
-    act = next(op for op in prog.stages[0] if isinstance(op, Send))
+    act = next(op for op in prog.stages[0] if isinstance(op, SendOp))
     send = b.fabric.alpha + 2 * b.fabric.latency + act.nbytes / b.fabric.nic_bandwidth
     dp_ring = 2 * (b.fabric.alpha + 2 * b.fabric.latency + prog.stages[0][-1].nbytes / 2 / b.fabric.nic_bandwidth)
     assert r.iteration_time_s == pytest.approx(compute + 2 * send + dp_ring, rel=1e-9)
@@ -245,3 +245,51 @@ def test_random_jobs_keep_the_delay_and_mode_properties(job, policy):
         zero = run(job, delay=0.0, params=params, control=(0.0, 0.0)).iteration_time_s
         assert zero == pytest.approx(run(job, kind="ideal", params=params).iteration_time_s, rel=1e-9)
     assert all(p <= o * (1 + 1e-9) for p, o in zip(times["provisioned"], times["on_demand"], strict=True))
+
+
+def test_fabric_errors_name_the_scenario_fields():
+    from lightrail.errors import ScenarioError
+
+    for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
+        with pytest.raises(ScenarioError) as err:
+            RailFabric(**{name: -1.0})
+        assert err.value.field == f"ocs.{name}"
+
+
+def test_fabric_kind_is_an_enum_whose_json_is_the_string():
+    fabric = RailFabric(kind="electrical")
+    assert fabric.kind is FabricKind.ELECTRICAL and not fabric.circuits
+    r = run(JOBS["opus16"], kind="electrical")
+    assert type(r.summary()["fabric"]) is str and json.dumps(r.summary()["fabric"]) == '"electrical"'
+
+
+def test_a_program_collective_runs_the_algorithm_it_names():
+    b = JOBS["cp-zero"]  # cp 2 x dp 4: dense gradients sync over groups of 8
+    planner = OpusPlanner(b.job.layout)
+    span = (Dim.CP, Dim.EP, Dim.DP)
+    steps = {algo: sum(len(req.steps) for req in planner.requirements(
+        CollectiveOp(Dim.DP, "reducescatter", 1e6, "x", span=span, algorithm=algo), 0))
+        for algo in ("auto", "ring", "bruck", "recursive-halving")}
+    assert steps == {"auto": 7, "ring": 7, "bruck": 3, "recursive-halving": 3}
+    # a whole program on Bruck's schedules runs through the simulator without edits there
+    prog = build_program(b.job)
+    bruck = replace(prog, stages=tuple(
+        tuple(replace(op, algorithm="bruck") if isinstance(op, CollectiveOp) and op.kind != "allreduce" else op
+              for op in ops) for ops in prog.stages))
+    auto, other = (simulate_iteration(p, b.fabric, replace(LIGHTRAIL, defer_dp=False)) for p in (prog, bruck))
+    assert auto.iteration_time_s == run(b, params=replace(LIGHTRAIL, defer_dp=False)).iteration_time_s
+    assert other.iteration_time_s > 0 and other.iteration_time_s != auto.iteration_time_s
+
+
+def test_the_simulation_state_is_set_up_before_it_runs():
+    from lightrail.sim.iteration import _Simulation
+
+    b = JOBS["opus16"]
+    prog = build_program(b.job, defer_dp=True)
+    sim = _Simulation(prog, b.fabric, OpusPlanner(b.job.layout), None)
+    names = set(vars(sim))
+    first = sim.run_iteration(record=False)
+    assert set(vars(sim)) == names and sim.clock == first.end and first.events is None
+    second = sim.run_iteration(record=True)
+    assert set(vars(sim)) == names and second.start == first.end
+    assert sim.result(second).summary() == simulate_iteration(prog, b.fabric).summary()

@@ -118,7 +118,7 @@ def test_choose_picks_the_fastest_planned_algorithm_and_explains():
 def test_study_cells_and_the_three_findings():
     grid = StudyGrid(ops=("allreduce",), ranks=(8, 64), sizes=(2.0**10, 2.0**20, 2.0**30),
                      delays=(0.0, 1e-5, 1e-2))
-    result = collective_study(grid)
+    result = collective_study(grid).to_dict()
     assert len(result["cells"]) == 2 * 3 * 3
     for cell in result["cells"]:
         best = cell["best_reconfigurable"]["time_s"]
@@ -139,20 +139,20 @@ def test_study_cells_and_the_three_findings():
 def test_study_and_reconfigurable_collective_from_the_cli(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["study", "collectives", "--ops", "allreduce,alltoall", "--ranks", "8",
-                                 "--sizes", "1KiB,1MiB", "--delays", "0,10us", "--out", str(tmp_path), "--json"])
+                                 "--sizes", "1KiB,1MiB", "--ocs-delays", "0,10us", "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert len(data["cells"]) == 2 * 2 * 2
     assert (tmp_path / "heatmap-allreduce.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "summary.csv").read_text().splitlines()) == 1 + 8
     one = runner.invoke(app, ["collective", "--algo", "recursive-doubling", "--ranks", "16", "--size", "1MiB",
-                              "--reconfigurable", "--ports", "2", "--reconfig-delay", "1us", "--json"])
+                              "--reconfigurable", "--ports", "2", "--ocs-delay", "1us", "--json"])
     assert one.exit_code == 0, one.output
     out = json.loads(one.output)
     assert out["reconfigurations"] == sum(step["reconfigure"] for step in out["plan"]) > 0
     assert out["time_s"] < out["static_time_s"] and out["verified"]
     for bad, flag in ((["--base", "star"], "--base"), (["--ports", "0"], "--ports"),
-                      (["--reconfig-delay", "fast"], "--reconfig-delay")):
+                      (["--ocs-delay", "fast"], "--ocs-delay")):
         r = runner.invoke(app, ["collective", "--reconfigurable", *bad])
         assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["study", "collectives", "--ranks", "1", "--out", str(tmp_path / "x")])

@@ -22,7 +22,7 @@ from lightrail.scenario import load_scenario, parse_scenario
 from lightrail.sim.iteration import simulate_iteration
 from lightrail.sim.trace import chrome_trace
 from lightrail.workload.parallel import Dim, Layout
-from lightrail.workload.program import build_program
+from lightrail.workload.program import CollectiveOp, ComputeOp, SendOp, build_program
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -226,7 +226,7 @@ def test_leases_cut_round_trips_to_phase_changes():
     prog = build_program(b.job, defer_dp=True)
     per_op = simulate_iteration(prog, b.fabric, replace(LIGHTRAIL, leases=False))
     leased = simulate_iteration(prog, b.fabric, LIGHTRAIL)
-    sends = sum(1 for op in prog.stages[0] if type(op).__name__ == "Send")
+    sends = sum(1 for op in prog.stages[0] if isinstance(op, SendOp))
     assert per_op.controller_round_trips_per_iteration >= sends  # Opus: every op checks in
     assert leased.controller_round_trips_per_iteration == 2  # one lease per phase (pp, dp) per rank
     assert leased.iteration_time_s <= per_op.iteration_time_s
@@ -237,7 +237,7 @@ def test_sweep_rows_keep_the_contract(tmp_path):
 
     from lightrail.cli import app
 
-    result = CliRunner().invoke(app, ["sweep", str(EXAMPLES / "opus-testbed-llama3-8b-16xa100.yaml"), "--delays",
+    result = CliRunner().invoke(app, ["sweep", str(EXAMPLES / "opus-testbed-llama3-8b-16xa100.yaml"), "--ocs-delays",
                                       "0,100ms", "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -264,10 +264,11 @@ def test_gpipe_runs_every_forward_then_every_backward_in_reverse():
                         "job": {"micro_batches": 3, "dp_buckets": 1, "schedule": "gpipe"}}).build()
     prog = build_program(b.job)
     for ops in prog.stages:
-        labels = [op.label for op in ops if type(op).__name__ == "Compute"]
+        labels = [op.label for op in ops if isinstance(op, ComputeOp)]
         assert labels == ["F0", "F1", "F2", "B2", "B1", "B0"]
-        last_compute = max(i for i, op in enumerate(ops) if type(op).__name__ == "Compute")
-        assert any(getattr(op, "dim", None) is Dim.DP for op in ops[last_compute:])  # gradient sync after B0
+        last_compute = max(i for i, op in enumerate(ops) if isinstance(op, ComputeOp))
+        # the gradient sync comes after B0
+        assert any(isinstance(op, CollectiveOp) and op.dim is Dim.DP for op in ops[last_compute:])
 
 
 def test_a_bad_schedule_or_routing_names_its_field(tmp_path):
@@ -291,7 +292,7 @@ def test_sweep_table_shows_where_the_overhead_goes(tmp_path):
 
     from lightrail.cli import app
 
-    result = CliRunner().invoke(app, ["sweep", str(EXAMPLES / "opus-testbed-llama3-8b-16xa100.yaml"), "--delays",
+    result = CliRunner().invoke(app, ["sweep", str(EXAMPLES / "opus-testbed-llama3-8b-16xa100.yaml"), "--ocs-delays",
                                       "10ms", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     for text in ("where the overhead goes", "switching", "drain wait", "control", "lost overlap", "PXN"):

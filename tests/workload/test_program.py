@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lightrail.errors import InfeasibleError
 from lightrail.workload import GPUS, ModelSpec
 from lightrail.workload.parallel import ORDER, Dim, Layout
-from lightrail.workload.program import Collective, Compute, Recv, Send, TrainingJob, build_program
+from lightrail.workload.program import CollectiveOp, ComputeOp, RecvOp, SendOp, TrainingJob, build_program
 
 H100 = GPUS["h100"]
 
@@ -47,11 +47,11 @@ def job(model: ModelSpec = SMALL, layout: Layout | None = None, **kw) -> Trainin
 
 
 def is_dp(op) -> bool:
-    return isinstance(op, Collective) and op.dim is Dim.DP
+    return isinstance(op, CollectiveOp) and op.dim is Dim.DP
 
 
-def computes(ops) -> list[Compute]:
-    return [op for op in ops if isinstance(op, Compute)]
+def computes(ops) -> list[ComputeOp]:
+    return [op for op in ops if isinstance(op, ComputeOp)]
 
 
 # -- Layout.from_degrees ----------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def pipeline(p: int, m: int) -> list[tuple]:
 
 
 def run_pipeline(stages) -> None:
-    """Execute the stages with buffered sends; a Recv waits for its neighbour's Send, whose label it must carry."""
+    """Execute the stages with buffered sends; a RecvOp waits for its neighbour's SendOp, whose label it must carry."""
     p = len(stages)
     pos = [0] * p
     channels: dict[tuple[int, int], deque] = {}
@@ -294,10 +294,10 @@ def run_pipeline(stages) -> None:
         for s in range(p):
             while pos[s] < len(stages[s]):
                 op = stages[s][pos[s]]
-                if isinstance(op, Send):
+                if isinstance(op, SendOp):
                     assert 0 <= s + op.offset < p
                     channels.setdefault((s, s + op.offset), deque()).append(op.label)
-                elif isinstance(op, Recv):
+                elif isinstance(op, RecvOp):
                     queue = channels.get((s + op.offset, s))
                     if not queue:
                         break
@@ -330,8 +330,8 @@ def test_one_f_one_b(p, m):
         in_flight = np.cumsum([1 if k == "F" else -1 for k in kinds])
         assert in_flight.max() == min(p - s, m)                  # 1F1B memory bound
 
-        sends = {off: [op.label for op in ops if isinstance(op, Send) and op.offset == off] for off in (-1, 1)}
-        recvs = {off: [op.label for op in ops if isinstance(op, Recv) and op.offset == off] for off in (-1, 1)}
+        sends = {off: [op.label for op in ops if isinstance(op, SendOp) and op.offset == off] for off in (-1, 1)}
+        recvs = {off: [op.label for op in ops if isinstance(op, RecvOp) and op.offset == off] for off in (-1, 1)}
         assert len(sends[1]) == (m if s < p - 1 else 0)
         assert len(recvs[-1]) == (m if s > 0 else 0)
         assert len(sends[-1]) == (m if s > 0 else 0)
@@ -343,11 +343,11 @@ def test_one_f_one_b(p, m):
             assert recvs[-1] == [f"F{j} act" for j in range(m)]
             assert sends[-1] == [f"B{j} grad" for j in range(m)]
     for s in range(p - 1):  # the k-th send of s is the k-th receive of s+1, in both directions
-        down = [op.label for op in stages[s] if isinstance(op, Send) and op.offset == 1]
-        up = [op.label for op in stages[s + 1] if isinstance(op, Recv) and op.offset == -1]
+        down = [op.label for op in stages[s] if isinstance(op, SendOp) and op.offset == 1]
+        up = [op.label for op in stages[s + 1] if isinstance(op, RecvOp) and op.offset == -1]
         assert down == up
-        back = [op.label for op in stages[s + 1] if isinstance(op, Send) and op.offset == -1]
-        back_in = [op.label for op in stages[s] if isinstance(op, Recv) and op.offset == 1]
+        back = [op.label for op in stages[s + 1] if isinstance(op, SendOp) and op.offset == -1]
+        back_in = [op.label for op in stages[s] if isinstance(op, RecvOp) and op.offset == 1]
         assert back == back_in
     run_pipeline(stages)
 
@@ -376,14 +376,14 @@ def test_tp_and_pp_bytes():
     m = 4
     prog = build_program(job(micro_batches=m))
     for s, ops in enumerate(prog.stages):
-        tp = [op for op in ops if isinstance(op, Collective) and op.dim is Dim.TP]
+        tp = [op for op in ops if isinstance(op, CollectiveOp) and op.dim is Dim.TP]
         assert len(tp) == 2 * m  # one per forward and one per backward
         assert {(op.kind, op.nbytes, op.count) for op in tp} == {("allreduce", ACT, 2 * 2)}  # 2 layers per stage
-        sends = [op for op in ops if isinstance(op, Send)]
+        sends = [op for op in ops if isinstance(op, SendOp)]
         assert len(sends) == m
         assert {(op.offset, op.nbytes, op.dim) for op in sends} == {(1 if s == 0 else -1, ACT / 2, Dim.PP)}
-        assert not any(isinstance(op, Collective) and op.dim in (Dim.CP, Dim.EP) for op in ops)
-    assert prog.count(Send) == prog.count(Recv) == 2 * m
+        assert not any(isinstance(op, CollectiveOp) and op.dim in (Dim.CP, Dim.EP) for op in ops)
+    assert prog.count(SendOp) == prog.count(RecvOp) == 2 * m
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -436,15 +436,15 @@ def test_cp_passes_kv_per_micro_batch():
     kv = 2 * (tokens * 2) * (32 // 2) * 2               # K and V of the whole sequence, the rank's kv heads, bf16
     assert kv == 8192
     for ops in prog.stages:
-        cp = [op for op in ops if isinstance(op, Collective) and op.dim is Dim.CP]
+        cp = [op for op in ops if isinstance(op, CollectiveOp) and op.dim is Dim.CP]
         assert [op.kind for op in cp].count("allgather") == m
         assert [op.kind for op in cp].count("reducescatter") == m
         assert {(op.nbytes, op.count) for op in cp} == {(kv, 2)}   # once per layer, 2 layers per stage
         for op in cp:  # forward gathers, backward scatters the gradients
             assert op.kind == ("allgather" if op.label.startswith("F") else "reducescatter")
-        tp = [op for op in ops if isinstance(op, Collective) and op.dim is Dim.TP]
+        tp = [op for op in ops if isinstance(op, CollectiveOp) and op.dim is Dim.TP]
         assert {op.nbytes for op in tp} == {tokens * 64 * 2}
-        assert {op.nbytes for op in ops if isinstance(op, Send)} == {tokens * 64 * 2 / 2}
+        assert {op.nbytes for op in ops if isinstance(op, SendOp)} == {tokens * 64 * 2 / 2}
 
 
 @pytest.mark.parametrize(("dense_layers", "moe_per_stage"), [(1, [1, 2]), (2, [0, 2]), (0, [2, 2])])
@@ -454,7 +454,7 @@ def test_ep_alltoall_per_micro_batch(dense_layers, moe_per_stage):
     prog = build_program(job(small_moe(dense_layers=dense_layers), lay, micro_batches=m))
     dispatch = TOKENS * 2 * 64 * 2 / 2                   # tokens * top_k * hidden * bf16 / tp
     for ops, moe in zip(prog.stages, moe_per_stage, strict=True):
-        ep = [op for op in ops if isinstance(op, Collective) and op.dim is Dim.EP]
+        ep = [op for op in ops if isinstance(op, CollectiveOp) and op.dim is Dim.EP]
         if moe == 0:
             assert ep == []
             continue
@@ -488,7 +488,7 @@ def test_compute_seconds_by_roofline(mfu, buckets):
 
 def test_micro_batch_size_scales_tokens():
     prog = build_program(job(micro_batch_size=3))
-    assert {op.nbytes for op in prog.stages[0] if isinstance(op, Send)} == {3 * ACT / 2}
+    assert {op.nbytes for op in prog.stages[0] if isinstance(op, SendOp)} == {3 * ACT / 2}
     one = build_program(job())
     f1 = next(c.seconds for c in computes(one.stages[0]) if c.label == "F0")
     f3 = next(c.seconds for c in computes(prog.stages[0]) if c.label == "F0")
@@ -513,12 +513,12 @@ def test_defer_dp_moves_the_sync_after_the_last_send(zero, world, pp):
         n_dp = sum(map(is_dp, b))
         assert n_dp == 3 + zero
         assert all(map(is_dp, b[-n_dp:]))                                  # a closing phase of its own
-        last_send = max(i for i, op in enumerate(b) if isinstance(op, Send))
+        last_send = max(i for i, op in enumerate(b) if isinstance(op, SendOp))
         assert min(i for i, op in enumerate(b) if is_dp(op)) > last_send
         assert all(op.asynchronous for op in b if is_dp(op) and op.label.startswith("dp bucket"))
         if s > 0:  # by default the buckets overlap the last backward, ahead of its gradient send
             first_dp = min(i for i, op in enumerate(a) if is_dp(op))
-            assert first_dp < max(i for i, op in enumerate(a) if isinstance(op, Send))
+            assert first_dp < max(i for i, op in enumerate(a) if isinstance(op, SendOp))
 
 
 # -- ops_for_rank -----------------------------------------------------------------------------------
@@ -551,3 +551,17 @@ def test_dense_gradients_reduce_over_every_replica_and_experts_over_theirs():
     # with dp = 1 the ep replicas of dense weights still need their sync
     only_ep = build_program(job(moe, Layout.from_degrees(8, tp=2, ep=4, gpus_per_server=4), micro_batches=4))
     assert [op.group_dims for op in only_ep.stages[0] if is_dp(op)] == [(Dim.CP, Dim.EP, Dim.DP)]
+
+
+def test_scenario_job_defaults_are_the_jobs_except_the_buckets():
+    from dataclasses import MISSING, fields
+
+    from lightrail.scenario import JobSection
+    from lightrail.workload.program import SCENARIO_DP_BUCKETS
+
+    defaults = {f.name: f.default for f in fields(TrainingJob) if f.default is not MISSING}
+    section = JobSection(micro_batches=1).model_dump()
+    assert set(section) - {"micro_batches"} == set(defaults) - {"model", "layout", "gpu"}
+    # a scenario overlaps the gradient sync with the backward; the bare job keeps one bucket
+    assert (section.pop("dp_buckets"), defaults.pop("dp_buckets")) == (SCENARIO_DP_BUCKETS, 1)
+    assert {k: v for k, v in section.items() if k in defaults} == defaults

@@ -6,7 +6,7 @@ import numpy as np
 
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
-from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 
 __all__ = ["bruck_allgather", "bruck_reduce_scatter", "bruck_alltoall"]
 
@@ -25,7 +25,7 @@ def bruck_allgather(n: int) -> Schedule:
     b = ScheduleBuilder(Kind.ALLGATHER, n, n)
     for k, d, cnt in _shifts(n):
         i = np.arange(cnt)  # rank -i sends chunk 0 (its i-th block) to -i-d; all ranks do the rotation
-        b.add_rotations(k, -i % n, (-i - d) % n, 0, Op.COPY)
+        b.add_rotations(k, -i % n, (-i - d) % n, 0, Combine.COPY)
     return b.build(f"bruck_allgather(n={n})")
 
 
@@ -37,7 +37,7 @@ def bruck_reduce_scatter(n: int) -> Schedule:
     shifts = list(_shifts(n))
     for step, (_, d, cnt) in enumerate(reversed(shifts)):
         i = np.arange(cnt)  # rank r adds chunks r+d .. r+d+cnt-1 into r+d; here those of chunk 0
-        b.add_rotations(step, (-d - i) % n, -i % n, 0, Op.REDUCE)
+        b.add_rotations(step, (-d - i) % n, -i % n, 0, Combine.REDUCE)
     return b.build(f"bruck_reducescatter(n={n})")
 
 
@@ -54,5 +54,5 @@ def bruck_alltoall(n: int) -> Schedule:
     for k, d, _ in _shifts(n):
         moving = (offset >> k) & 1 == 1
         src = (i[moving] + (offset[moving] & (d - 1))) % n
-        b.add(k, src, (src + d) % n, (i * n + j)[moving], Op.COPY)
+        b.add(k, src, (src + d) % n, (i * n + j)[moving], Combine.COPY)
     return b.build(f"bruck_alltoall(n={n})")

@@ -6,7 +6,7 @@ import numpy as np
 
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
-from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 
 __all__ = ["direct_allreduce"]
 
@@ -17,5 +17,5 @@ def direct_allreduce(n: int) -> Schedule:
     """One-shot AllReduce; on a switch its one step costs ``alpha + (n-1)·N/B`` (the NIC is the limit)."""
     b = ScheduleBuilder(Kind.ALLREDUCE, n, 1)
     src, dst = np.nonzero(~np.eye(n, dtype=bool))
-    b.add(0, src, dst, 0, Op.REDUCE)
+    b.add(0, src, dst, 0, Combine.REDUCE)
     return b.build(f"direct_allreduce(n={n})")

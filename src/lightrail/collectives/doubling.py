@@ -15,7 +15,7 @@ import numpy as np
 
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
-from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 
 __all__ = ["Fold", "recursive_doubling_allreduce", "halving_doubling_allreduce",
            "recursive_halving_reduce_scatter", "recursive_doubling_allgather"]
@@ -62,7 +62,7 @@ def _halving(b: ScheduleBuilder, step: int, fold: Fold, owner_v: np.ndarray) -> 
     for bit in fold.bits:  # lowest bit first
         u = v ^ bit
         send_v, chunk = np.nonzero(((owner_v[None, :] ^ u[:, None]) & (2 * bit - 1)) == 0)
-        b.add(step, fold.real[send_v], fold.real[u[send_v]], chunk, Op.REDUCE)
+        b.add(step, fold.real[send_v], fold.real[u[send_v]], chunk, Combine.REDUCE)
         step += 1
     return step
 
@@ -72,21 +72,21 @@ def _doubling(b: ScheduleBuilder, step: int, fold: Fold, owner_v: np.ndarray) ->
     v = np.arange(fold.p)
     for bit in reversed(fold.bits):  # highest bit first: messages grow as distance shrinks
         send_v, chunk = np.nonzero(((owner_v[None, :] ^ v[:, None]) & (2 * bit - 1)) == 0)
-        b.add(step, fold.real[send_v], fold.real[send_v ^ bit], chunk, Op.COPY)
+        b.add(step, fold.real[send_v], fold.real[send_v ^ bit], chunk, Combine.COPY)
         step += 1
     return step
 
 
-def _fold_in(b: ScheduleBuilder, fold: Fold, chunks: np.ndarray, op: Op) -> int:
+def _fold_in(b: ScheduleBuilder, fold: Fold, chunks: np.ndarray, combine: Combine) -> int:
     if not fold.extra:
         return 0
-    b.add(0, fold.folded[:, None], fold.folded[:, None] + 1, chunks[None, :], op)
+    b.add(0, fold.folded[:, None], fold.folded[:, None] + 1, chunks[None, :], combine)
     return 1
 
 
 def _fold_out(b: ScheduleBuilder, step: int, fold: Fold, chunks: np.ndarray) -> None:
     if fold.extra:
-        b.add(step, fold.folded[:, None] + 1, fold.folded[:, None], chunks[None, :], Op.COPY)
+        b.add(step, fold.folded[:, None] + 1, fold.folded[:, None], chunks[None, :], Combine.COPY)
 
 
 @register(Kind.ALLREDUCE, "recursive-doubling", summary="exchange whole buffers with rank xor 2^k",
@@ -100,10 +100,10 @@ def recursive_doubling_allreduce(n: int) -> Schedule:
     """
     fold = Fold(n)
     b = ScheduleBuilder(Kind.ALLREDUCE, n, 1)
-    step = _fold_in(b, fold, np.zeros(1, int), Op.REDUCE)
+    step = _fold_in(b, fold, np.zeros(1, int), Combine.REDUCE)
     v = np.arange(fold.p)
     for bit in fold.bits:
-        b.add(step, fold.real[v], fold.real[v ^ bit], 0, Op.REDUCE)
+        b.add(step, fold.real[v], fold.real[v ^ bit], 0, Combine.REDUCE)
         step += 1
     _fold_out(b, step, fold, np.zeros(1, int))
     return b.build(f"recursive_doubling_allreduce(n={n})")
@@ -122,7 +122,7 @@ def halving_doubling_allreduce(n: int) -> Schedule:
     fold = Fold(n)
     chunks = np.arange(fold.p)
     b = ScheduleBuilder(Kind.ALLREDUCE, n, fold.p)
-    step = _fold_in(b, fold, chunks, Op.REDUCE)
+    step = _fold_in(b, fold, chunks, Combine.REDUCE)
     step = _halving(b, step, fold, chunks)
     step = _doubling(b, step, fold, chunks)
     _fold_out(b, step, fold, chunks)
@@ -135,10 +135,10 @@ def recursive_halving_reduce_scatter(n: int) -> Schedule:
     fold = Fold(n)
     chunks = np.arange(n)
     b = ScheduleBuilder(Kind.REDUCESCATTER, n, n)
-    step = _fold_in(b, fold, chunks, Op.REDUCE)
+    step = _fold_in(b, fold, chunks, Combine.REDUCE)
     step = _halving(b, step, fold, fold.virtual_of(chunks))
     if fold.extra:  # hand each folded rank its own block
-        b.add(step, fold.folded + 1, fold.folded, fold.folded, Op.COPY)
+        b.add(step, fold.folded + 1, fold.folded, fold.folded, Combine.COPY)
     return b.build(f"recursive_halving_reducescatter(n={n})")
 
 
@@ -149,10 +149,10 @@ def recursive_doubling_allgather(n: int) -> Schedule:
     chunks = np.arange(n)
     b = ScheduleBuilder(Kind.ALLGATHER, n, n)
     if fold.extra:
-        b.add(0, fold.folded, fold.folded + 1, fold.folded, Op.COPY)
+        b.add(0, fold.folded, fold.folded + 1, fold.folded, Combine.COPY)
     step = _doubling(b, 1 if fold.extra else 0, fold, fold.virtual_of(chunks))
     if fold.extra:  # everything but the folded rank's own block
         others = chunks[None, :] != fold.folded[:, None]
         rows, chunk = np.nonzero(others)
-        b.add(step, fold.folded[rows] + 1, fold.folded[rows], chunk, Op.COPY)
+        b.add(step, fold.folded[rows] + 1, fold.folded[rows], chunk, Combine.COPY)
     return b.build(f"recursive_doubling_allgather(n={n})")

@@ -1,7 +1,9 @@
 """Registry of collective algorithms by (kind, name), the way a collective library selects one.
 
 Each entry records what it needs (``supports(n)``), how many steps it takes and a one-line
-summary; ``lightrail algorithms`` prints them. The registry refuses duplicate names.
+summary; ``lightrail algorithms`` prints them. The registry refuses duplicate names. One entry
+per kind is marked ``auto``: what a program's collective runs when it names no algorithm
+(:func:`resolve`), so a new algorithm reaches planners and simulators by name, without edits there.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from lightrail.collectives.collective import Kind
 from lightrail.collectives.schedule import Schedule
 from lightrail.errors import UnsupportedError
 
-__all__ = ["Algorithm", "register", "algorithms", "get", "generate"]
+__all__ = ["AUTO", "Algorithm", "register", "algorithms", "get", "generate", "parse_kind", "resolve"]
+
+AUTO = "auto"
+"""The algorithm name that leaves the choice to the registry (:func:`resolve`)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,8 @@ class Algorithm:
     summary: str
     steps: str
     supports: Callable[[int], bool]
+    auto: bool = False
+    """The kind's choice for :data:`AUTO`."""
 
     @property
     def parameters(self) -> list[str]:
@@ -48,14 +55,19 @@ _REGISTRY: dict[tuple[Kind, str], Algorithm] = {}
 
 
 def register(kind: Kind | str, name: str, *, summary: str, steps: str,
-             supports: Callable[[int], bool] = lambda n: n >= 2):
-    """Decorator: register ``fn(n, **params) -> Schedule`` as algorithm ``name`` of ``kind``."""
+             supports: Callable[[int], bool] = lambda n: n >= 2, auto: bool = False):
+    """Decorator: register ``fn(n, **params) -> Schedule`` as algorithm ``name`` of ``kind``;
+    ``auto`` makes it the kind's choice for :data:`AUTO` (one per kind)."""
 
     def wrap(fn):
         key = (Kind(kind), name)
+        if name == AUTO:
+            raise ValueError(f"{AUTO!r} names the registry's choice, not an algorithm")
         if key in _REGISTRY:
             raise ValueError(f"algorithm {name!r} is already registered for {kind}")
-        _REGISTRY[key] = Algorithm(Kind(kind), name, fn, summary, steps, supports)
+        if auto and any(a.auto for (k, _), a in _REGISTRY.items() if k == key[0]):
+            raise ValueError(f"{kind} already has an auto algorithm")
+        _REGISTRY[key] = Algorithm(Kind(kind), name, fn, summary, steps, supports, auto)
         return fn
 
     return wrap
@@ -82,7 +94,12 @@ def algorithms(kind: Kind | str | None = None) -> list[Algorithm]:
     return sorted(chosen, key=lambda a: (list(Kind).index(a.kind), a.name))
 
 
-def _parse_kind(kind: Kind | str) -> Kind:
+def parse_kind(kind: Kind | str) -> Kind:
+    """A collective kind from its name, ignoring case, dashes and underscores.
+
+    >>> parse_kind("Reduce-Scatter")
+    <Kind.REDUCESCATTER: 'reducescatter'>
+    """
     text = str(kind).lower().replace("-", "").replace("_", "")
     try:
         return Kind(text)
@@ -93,7 +110,7 @@ def _parse_kind(kind: Kind | str) -> Kind:
 
 def get(kind: Kind | str, name: str) -> Algorithm:
     """The algorithm ``name`` of ``kind``; the error lists the names that exist."""
-    kind = _parse_kind(kind)
+    kind = parse_kind(kind)
     _load()
     try:
         return _REGISTRY[(kind, name)]
@@ -103,6 +120,28 @@ def get(kind: Kind | str, name: str) -> Algorithm:
                                fix=f"use one of {names}") from None
 
 
+def resolve(kind: Kind | str, name: str, n: int) -> Algorithm:
+    """The algorithm a collective named ``name`` runs on ``n`` ranks: that one, or for :data:`AUTO` the
+    kind's ``auto`` entry (else, if that does not support ``n``, the first one in name order that does).
+
+    >>> resolve("allreduce", "auto", 8).name, resolve("alltoall", "auto", 8).name
+    ('ring', 'pairwise')
+    """
+    if name != AUTO:
+        return get(kind, name)
+    listed = algorithms(parse_kind(kind))
+    for algorithm in sorted(listed, key=lambda a: not a.auto):  # stable: the auto entry, then name order
+        if algorithm.supports(n):
+            return algorithm
+    raise UnsupportedError(f"no {parse_kind(kind)} algorithm supports {n} ranks", field="ranks",
+                           fix="use 2 or more ranks")
+
+
 def generate(kind: Kind | str, name: str, n: int, **params) -> Schedule:
-    """Build the schedule of algorithm ``name`` for collective ``kind`` on ``n`` ranks."""
-    return get(kind, name)(n, **params)
+    """Build the schedule of algorithm ``name`` (or :data:`AUTO`) for collective ``kind`` on ``n`` ranks.
+
+    >>> s = generate("allreduce", "ring", 4)
+    >>> s.name, s.nsteps
+    ('ring_allreduce(n=4)', 6)
+    """
+    return resolve(kind, name, n)(n, **params)

@@ -10,14 +10,14 @@ import numpy as np
 
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
-from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 
 __all__ = ["ring_reduce_scatter_into", "ring_allgather_into", "ring_allreduce", "ring_reduce_scatter",
            "ring_allgather"]
 
 
 def _ring_steps(b: ScheduleBuilder, step0: int, groups: np.ndarray, blocks: np.ndarray,
-                shift: int, op: Op) -> int:
+                shift: int, combine: Combine) -> int:
     """Member i of each ring sends block ``(i - s - shift) mod k`` to member i+1 at step s."""
     g, k = groups.shape
     m = blocks.shape[2]
@@ -28,12 +28,12 @@ def _ring_steps(b: ScheduleBuilder, step0: int, groups: np.ndarray, blocks: np.n
             and np.array_equal(blocks[0, :, 0], groups[0]):
         # One ring over all ranks, block i = chunk i: the step is the rotations of chunk 0's transfer.
         first = (s[:, 0, 0, 0] + shift) % k  # the member that sends chunk 0 at step s
-        b.add_rotations(step0 + s[:, :, 0, 0], first[:, None], (first[:, None] + 1) % k, 0, op)
+        b.add_rotations(step0 + s[:, :, 0, 0], first[:, None], (first[:, None] + 1) % k, 0, combine)
         return step0 + k - 1
     i = np.arange(k, dtype=np.int32)[None, None, :, None]
     blk = (i - s - shift) % k
     chunk = blocks[np.arange(g)[None, :, None, None], blk, np.arange(m)[None, None, None, :]]
-    b.add(step0 + s, groups[None, :, :, None], np.roll(groups, -1, axis=1)[None, :, :, None], chunk, op)
+    b.add(step0 + s, groups[None, :, :, None], np.roll(groups, -1, axis=1)[None, :, :, None], chunk, combine)
     return step0 + k - 1
 
 
@@ -42,12 +42,12 @@ def ring_reduce_scatter_into(b: ScheduleBuilder, step0: int, groups: np.ndarray,
 
     ``blocks[g, i]`` lists the chunks of member i's block in ring g. Returns the next free step.
     """
-    return _ring_steps(b, step0, groups, blocks, 1, Op.REDUCE)
+    return _ring_steps(b, step0, groups, blocks, 1, Combine.REDUCE)
 
 
 def ring_allgather_into(b: ScheduleBuilder, step0: int, groups: np.ndarray, blocks: np.ndarray) -> int:
     """Ring all-gather on each row of ``groups``: member i starts with block i, all end with all."""
-    return _ring_steps(b, step0, groups, blocks, 0, Op.COPY)
+    return _ring_steps(b, step0, groups, blocks, 0, Combine.COPY)
 
 
 def _one_ring(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,7 +55,7 @@ def _one_ring(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @register(Kind.ALLREDUCE, "ring", summary="reduce-scatter then all-gather around a ring",
-          steps="2(n-1)")
+          steps="2(n-1)", auto=True)
 def ring_allreduce(n: int) -> Schedule:
     """Ring AllReduce (Patarasuk & Yuan 2009).
 
@@ -71,14 +71,15 @@ def ring_allreduce(n: int) -> Schedule:
 
 
 @register(Kind.REDUCESCATTER, "ring", summary="partial sums travel n-1 hops around a ring",
-          steps="n-1")
+          steps="n-1", auto=True)
 def ring_reduce_scatter(n: int) -> Schedule:
     b = ScheduleBuilder(Kind.REDUCESCATTER, n, n)
     ring_reduce_scatter_into(b, 0, *_one_ring(n))
     return b.build(f"ring_reducescatter(n={n})")
 
 
-@register(Kind.ALLGATHER, "ring", summary="each block travels n-1 hops around a ring", steps="n-1")
+@register(Kind.ALLGATHER, "ring", summary="each block travels n-1 hops around a ring", steps="n-1",
+          auto=True)
 def ring_allgather(n: int) -> Schedule:
     b = ScheduleBuilder(Kind.ALLGATHER, n, n)
     ring_allgather_into(b, 0, *_one_ring(n))

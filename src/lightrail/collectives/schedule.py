@@ -1,9 +1,9 @@
 """A schedule: steps of transfers, stored as flat arrays (CSR by step).
 
-Each transfer moves one chunk from ``src`` to ``dst`` and either overwrites the destination's
-copy (``COPY``) or adds into it (``REDUCE``). Transfers of one step run concurrently and read
-the state at the start of the step. Bytes follow from the buffer size: a transfer carries
-``size / chunks_per_buffer`` bytes.
+Each transfer moves one chunk from ``src`` to ``dst`` and, by its :class:`Combine`, either
+overwrites the destination's copy (``COPY``) or adds into it (``REDUCE``). Transfers of one step
+run concurrently and read the state at the start of the step. Bytes follow from the buffer size:
+a transfer carries ``size / chunks_per_buffer`` bytes.
 """
 
 from __future__ import annotations
@@ -17,12 +17,17 @@ import numpy as np
 from lightrail.collectives.collective import Collective, Kind
 from lightrail.errors import VerificationError
 
-__all__ = ["Op", "Step", "Schedule", "ScheduleBuilder", "rotations"]
+__all__ = ["Combine", "Step", "Schedule", "ScheduleBuilder", "rotations"]
 
 
-class Op(IntEnum):
+class Combine(IntEnum):
+    """What a transfer does with the chunk at its destination (a program's ops are another thing:
+    ``workload.program``)."""
+
     COPY = 0
+    """Overwrite the destination's copy."""
     REDUCE = 1
+    """Add into the destination's copy."""
 
 
 class Step(NamedTuple):
@@ -31,7 +36,7 @@ class Step(NamedTuple):
     src: np.ndarray
     dst: np.ndarray
     chunk: np.ndarray
-    op: np.ndarray
+    combine: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +44,7 @@ class Schedule:
     """Transfers of a collective, step by step, as arrays.
 
     ``step_ptr[s]:step_ptr[s+1]`` indexes the transfers of step ``s`` in ``src``, ``dst``,
-    ``chunk`` and ``op``. Build one with :class:`ScheduleBuilder`.
+    ``chunk`` and ``combine`` (:class:`Combine` values). Build one with :class:`ScheduleBuilder`.
     """
 
     name: str
@@ -47,7 +52,7 @@ class Schedule:
     src: np.ndarray
     dst: np.ndarray
     chunk: np.ndarray
-    op: np.ndarray
+    combine: np.ndarray
     step_ptr: np.ndarray
     params: dict = field(default_factory=dict)
     rotation: int = 0
@@ -57,7 +62,7 @@ class Schedule:
     def __post_init__(self):
         n, c = self.nranks, self.nchunks
         t = len(self.src)
-        if not (len(self.dst) == len(self.chunk) == len(self.op) == t) or self.step_ptr[-1] != t:
+        if not (len(self.dst) == len(self.chunk) == len(self.combine) == t) or self.step_ptr[-1] != t:
             raise VerificationError("transfer arrays differ in length")
         for name, arr, hi in (("src", self.src, n), ("dst", self.dst, n), ("chunk", self.chunk, c)):
             if t and (arr.min() < 0 or arr.max() >= hi):
@@ -67,7 +72,7 @@ class Schedule:
             i = int(np.flatnonzero(self.src == self.dst)[0])
             raise VerificationError("a rank sends to itself", step=self.step_of(i),
                                     rank=int(self.src[i]), chunk=int(self.chunk[i]))
-        for arr in (self.src, self.dst, self.chunk, self.op, self.step_ptr):
+        for arr in (self.src, self.dst, self.chunk, self.combine, self.step_ptr):
             arr.flags.writeable = False
 
     @property
@@ -92,7 +97,7 @@ class Schedule:
 
     def step(self, s: int) -> Step:
         a, b = self.step_ptr[s], self.step_ptr[s + 1]
-        return Step(self.src[a:b], self.dst[a:b], self.chunk[a:b], self.op[a:b])
+        return Step(self.src[a:b], self.dst[a:b], self.chunk[a:b], self.combine[a:b])
 
     @property
     def steps(self):
@@ -120,7 +125,7 @@ class _Part:
     src: np.ndarray
     dst: np.ndarray
     chunk: np.ndarray
-    op: np.ndarray
+    combine: np.ndarray
 
     def __post_init__(self):
         if self.step is not None and len(self.step) > 1 and not np.any(self.step[1:] < self.step[:-1]):
@@ -148,7 +153,7 @@ def rotations(x: np.ndarray, n: int) -> np.ndarray:
 class ScheduleBuilder:
     """Collects transfers by step index, so concurrent sub-schedules can share steps.
 
-    ``add(step, src, dst, chunk, op)`` broadcasts its arguments; steps may be added in any order.
+    ``add(step, src, dst, chunk, combine)`` broadcasts its arguments; steps may be added in any order.
     ``add_rotations`` adds transfers together with all their rank rotations, which lets the
     verifier prove one block of chunks and conclude for all (see ``verify``).
     """
@@ -163,7 +168,7 @@ class ScheduleBuilder:
     def nsteps(self) -> int:
         return max((p.last + 1 for p in self._parts), default=0)
 
-    def add_rotations(self, step, src, dst, chunk, op: Op) -> ScheduleBuilder:
+    def add_rotations(self, step, src, dst, chunk, combine: Combine) -> ScheduleBuilder:
         """Add transfers of chunks in block 0 (``chunk < nchunks / n``) and their n rotations.
 
         Arguments broadcast to shape (S, U): step S's U transfers, listed for k = 0..n-1 with
@@ -185,10 +190,10 @@ class ScheduleBuilder:
         counts = np.zeros(int(step.max()) + 1, np.int64)
         counts[step[:, 0]] = src.shape[1] * src.shape[2]
         self._parts.append(_Part(None, counts, src.ravel(), dst.ravel(), chunk.ravel(),
-                                 np.full(src.size, int(op), np.uint8)))
+                                 np.full(src.size, int(combine), np.uint8)))
         return self
 
-    def add(self, step, src, dst, chunk, op: Op) -> ScheduleBuilder:
+    def add(self, step, src, dst, chunk, combine: Combine) -> ScheduleBuilder:
         shape = np.broadcast_shapes(*(np.shape(x) for x in (step, src, dst, chunk)))
         size = int(np.prod(shape))
         if size:
@@ -198,7 +203,7 @@ class ScheduleBuilder:
             if step.min() < 0:
                 raise ValueError("steps are numbered from 0")
             self._parts.append(_Part(step, np.bincount(step), src, dst, chunk,
-                                     np.full(size, int(op), dtype=np.uint8)))
+                                     np.full(size, int(combine), dtype=np.uint8)))
         return self
 
     def build(self, name: str, **params) -> Schedule:
@@ -210,15 +215,17 @@ class ScheduleBuilder:
         ordered = all(p.sorted for p in parts) and all(a.last < b.first for a, b in zip(parts, parts[1:], strict=False))
         if not parts:
             empty = np.zeros(0, np.int32)
-            src, dst, chunk, op = empty, empty, empty, np.zeros(0, np.uint8)
+            src, dst, chunk, combine = empty, empty, empty, np.zeros(0, np.uint8)
         elif ordered:
-            src, dst, chunk, op = (np.concatenate(a) if len(parts) > 1 else a[0]
-                                   for a in zip(*((p.src, p.dst, p.chunk, p.op) for p in parts), strict=True))
+            src, dst, chunk, combine = (np.concatenate(a) if len(parts) > 1 else a[0]
+                                        for a in zip(*((p.src, p.dst, p.chunk, p.combine) for p in parts),
+                                                     strict=True))
         else:
             step = np.concatenate([p.steps() for p in parts])
             order = np.argsort(step, kind="stable")
-            src, dst, chunk, op = (np.concatenate(a)[order]
-                                   for a in zip(*((p.src, p.dst, p.chunk, p.op) for p in parts), strict=True))
+            src, dst, chunk, combine = (np.concatenate(a)[order]
+                                        for a in zip(*((p.src, p.dst, p.chunk, p.combine) for p in parts),
+                                                     strict=True))
         step_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         rotated = np.concatenate(self._rotated_steps) if self._rotated_steps else np.zeros(0, int)
         claim = (not self._plain and len(rotated) == len(np.unique(rotated))
@@ -226,4 +233,4 @@ class ScheduleBuilder:
                  and self.collective.nchunks % self.collective.nranks == 0)
         rotation = self.collective.nchunks // self.collective.nranks if claim else 0
         self._parts, self._rotated_steps = [], []
-        return Schedule(name, self.collective, src, dst, chunk, op, step_ptr, dict(params), rotation)
+        return Schedule(name, self.collective, src, dst, chunk, combine, step_ptr, dict(params), rotation)

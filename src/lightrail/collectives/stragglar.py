@@ -71,7 +71,7 @@ import numpy as np
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
 from lightrail.collectives.ring import ring_reduce_scatter_into
-from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 from lightrail.errors import UnsupportedError
 
 __all__ = ["stragglar_allreduce", "phase2", "Phase2", "lower_bound"]
@@ -91,7 +91,7 @@ class Phase2(NamedTuple):
     src: np.ndarray
     dst: np.ndarray
     chunk: np.ndarray
-    op: np.ndarray  # Op.REDUCE for the straggler swaps, Op.COPY for forwarding
+    combine: np.ndarray  # Combine.REDUCE for the straggler swaps, Combine.COPY for forwarding
 
     @property
     def rounds(self) -> int:
@@ -138,8 +138,8 @@ def _cyclic_exchange(n: int) -> Phase2:
         np.concatenate([np.full(m, s), t, np.full(len(tail), s), y_rank[ys], o_rank[os_]]),
         np.concatenate([t, np.full(m, s), tail % m, o_rank[ys], y_rank[os_]]),
         np.concatenate([t, t, np.full(len(tail), n - 2), y_chunk[ys], o_chunk[os_]]),
-        np.concatenate([np.full(2 * m, Op.REDUCE, np.int8),
-                        np.full(len(tail) + ys.sum() + os_.sum(), Op.COPY, np.int8)]))
+        np.concatenate([np.full(2 * m, Combine.REDUCE, np.int8),
+                        np.full(len(tail) + ys.sum() + os_.sum(), Combine.COPY, np.int8)]))
 
 
 def _greedy(n: int) -> Phase2:
@@ -188,7 +188,7 @@ def _greedy(n: int) -> Phase2:
     swaps = np.arange(m)
     return Phase2(np.concatenate([swaps, swaps, when]), np.concatenate([np.full(m, s), swaps, *src]),
                   np.concatenate([swaps, np.full(m, s), *dst]), np.concatenate([swaps, swaps, which]),
-                  np.concatenate([np.full(2 * m, Op.REDUCE, np.int8), np.full(len(when), Op.COPY, np.int8)]))
+                  np.concatenate([np.full(2 * m, Combine.REDUCE, np.int8), np.full(len(when), Combine.COPY, np.int8)]))
 
 
 @register(Kind.ALLREDUCE, "stragglar", steps="n-2 + n+log2(n)-2 (n=2^k; else a few more)",
@@ -206,7 +206,7 @@ def stragglar_allreduce(n: int, straggler: int | None = None) -> Schedule:
     step = ring_reduce_scatter_into(b, 0, early[None, :], np.arange(n - 1).reshape(1, n - 1, 1))
     phase1 = step
     p2 = phase2(n)
-    for op in (Op.REDUCE, Op.COPY):
-        mine = p2.op == op
-        b.add(step + p2.round[mine], rank[p2.src[mine]], rank[p2.dst[mine]], p2.chunk[mine], op)
+    for combine in (Combine.REDUCE, Combine.COPY):
+        mine = p2.combine == combine
+        b.add(step + p2.round[mine], rank[p2.src[mine]], rank[p2.dst[mine]], p2.chunk[mine], combine)
     return b.build(f"stragglar_allreduce(n={n})", phase1_steps=phase1, straggler=straggler)

@@ -6,7 +6,7 @@ import numpy as np
 
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
-from lightrail.collectives.schedule import Op, Schedule, ScheduleBuilder
+from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 from lightrail.errors import UnsupportedError
 
 __all__ = ["btree_parents", "double_binary_tree_allreduce", "binomial_broadcast", "binomial_reduce"]
@@ -57,9 +57,9 @@ def _tree_into(b: ScheduleBuilder, parents: np.ndarray, chunks: np.ndarray) -> N
     root_height = int(height[parents < 0][0])
     kid = np.flatnonzero(parents >= 0)
     j = np.arange(len(chunks))[None, :]
-    b.add(height[kid][:, None] + j, kid[:, None], parents[kid][:, None], chunks[None, :], Op.REDUCE)
+    b.add(height[kid][:, None] + j, kid[:, None], parents[kid][:, None], chunks[None, :], Combine.REDUCE)
     b.add(root_height + j + depth[kid][:, None] - 1, parents[kid][:, None], kid[:, None], chunks[None, :],
-          Op.COPY)
+          Combine.COPY)
 
 
 @register(Kind.ALLREDUCE, "double-binary-tree",
@@ -89,22 +89,22 @@ def _binomial_edges(n: int, root: int):
 
 
 @register(Kind.BROADCAST, "binomial-tree", summary="the set of holders doubles every step",
-          steps="ceil(log2 n)")
+          steps="ceil(log2 n)", auto=True)
 def binomial_broadcast(n: int, *, root: int = 0) -> Schedule:
     """Binomial-tree broadcast. Contention-free: ``ceil(log2 n)·(alpha + N/B)``."""
     b = ScheduleBuilder(Kind.BROADCAST, n, 1, root=root)
     for k, parent, child in _binomial_edges(n, root):
-        b.add(k, parent, child, 0, Op.COPY)
+        b.add(k, parent, child, 0, Combine.COPY)
     return b.build(f"binomial_broadcast(n={n},root={root})", root=root)
 
 
 @register(Kind.REDUCE, "binomial-tree", summary="partial sums combine pairwise towards the root",
-          steps="ceil(log2 n)")
+          steps="ceil(log2 n)", auto=True)
 def binomial_reduce(n: int, *, root: int = 0) -> Schedule:
     """Binomial-tree reduce (MPICH's order): at step k relative rank 2^k (mod 2^(k+1)) hands its
     partial sum, that of ranks rel .. rel + 2^k - 1, to rel - 2^k."""
     b = ScheduleBuilder(Kind.REDUCE, n, 1, root=root)
     for k in range((n - 1).bit_length()):
         rel = np.arange(1 << k, n, 2 << k)
-        b.add(k, (rel + root) % n, (rel - (1 << k) + root) % n, 0, Op.REDUCE)
+        b.add(k, (rel + root) % n, (rel - (1 << k) + root) % n, 0, Combine.REDUCE)
     return b.build(f"binomial_reduce(n={n},root={root})", root=root)

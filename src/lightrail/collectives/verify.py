@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightrail.collectives.collective import FULL, Kind
-from lightrail.collectives.schedule import Op, Schedule, rotations
+from lightrail.collectives.schedule import Combine, Schedule, rotations
 from lightrail.errors import VerificationError
 
 __all__ = ["Verification", "verify", "is_correct", "verify_bitset", "verify_interval"]
@@ -63,7 +63,7 @@ def verify(schedule: Schedule) -> Verification:
     --------
     >>> from lightrail.collectives import generate
     >>> verify(generate("allreduce", "ring", 5)).method
-    'interval'
+    'interval+rotation'
     """
     target, blocks, method = schedule, None, ""
     if schedule.rotation and schedule.kind in _ROTATION_INVARIANT and _rotation_holds(schedule):
@@ -81,23 +81,23 @@ def _rotation_holds(schedule: Schedule) -> bool:
     counts = np.diff(schedule.step_ptr)
     if np.any(counts % n) or c != n * m:
         return False
-    arrays = (schedule.src, schedule.dst, schedule.chunk, schedule.op)
+    arrays = (schedule.src, schedule.dst, schedule.chunk, schedule.combine)
     if len(counts) and np.all(counts == counts[0]):  # uniform steps: one reshape does it
         u = int(counts[0]) // n
-        src, dst, chunk, op = (a.reshape(len(counts), n, u) for a in arrays)
+        src, dst, chunk, combine = (a.reshape(len(counts), n, u) for a in arrays)
         k = np.arange(n, dtype=np.int32)[None, :, None]
         return bool(np.all(chunk[:, 0] < m) and np.array_equal(chunk, chunk[:, :1] + k * m)
                     and all(np.array_equal(x, rotations(x[:, 0, :], n)) for x in (src, dst))
-                    and np.all(op == op[:, :1]))
+                    and np.all(combine == combine[:, :1]))
     step = np.repeat(np.arange(len(counts)), counts)
     u = (counts // n)[step]
     pos = np.arange(schedule.ntransfers) - schedule.step_ptr[step]
     k = (pos // u).astype(np.int32)
     base = schedule.step_ptr[step] + pos % u
-    src, dst, chunk, op = arrays
+    src, dst, chunk, combine = arrays
     return bool(np.all(chunk[base] < m) and np.array_equal(src, (src[base] + k) % n)
                 and np.array_equal(dst, (dst[base] + k) % n)
-                and np.array_equal(chunk, chunk[base] + k * m) and np.array_equal(op, op[base]))
+                and np.array_equal(chunk, chunk[base] + k * m) and np.array_equal(combine, combine[base]))
 
 
 def _block_zero(schedule: Schedule) -> Schedule:
@@ -107,7 +107,7 @@ def _block_zero(schedule: Schedule) -> Schedule:
     take = schedule.step_ptr[step] + np.arange(len(step)) - np.repeat(np.cumsum(counts) - counts, counts)
     ptr = np.concatenate([[0], np.cumsum(counts)])
     return Schedule(schedule.name, schedule.collective, schedule.src[take], schedule.dst[take],
-                    schedule.chunk[take], schedule.op[take], ptr)
+                    schedule.chunk[take], schedule.combine[take], ptr)
 
 
 def is_correct(schedule: Schedule) -> bool:
@@ -132,7 +132,7 @@ def _first_empty_send(holds: np.ndarray, src, chunk, s: int) -> None:
                                 step=s, rank=int(src[i]), chunk=int(chunk[i]))
 
 
-def _write_conflicts(flat_dst: np.ndarray, op: np.ndarray, s: int, nchunks: int, dst=None, chunk=None):
+def _write_conflicts(flat_dst: np.ndarray, combine: np.ndarray, s: int, nchunks: int, dst=None, chunk=None):
     """Group a step's transfers by destination slot; refuse a copy that shares its slot.
 
     Returns (order, occurrence): transfers sorted by slot, and each one's index within its slot.
@@ -144,7 +144,7 @@ def _write_conflicts(flat_dst: np.ndarray, op: np.ndarray, s: int, nchunks: int,
     group_start = np.maximum.accumulate(np.where(first, np.arange(len(slots)), 0))
     occurrence = np.arange(len(slots)) - group_start
     shared = ~(first & np.append(first[1:], True))  # slot written by more than one transfer
-    bad = np.flatnonzero(shared & (op[order] == Op.COPY))
+    bad = np.flatnonzero(shared & (combine[order] == Combine.COPY))
     if len(bad):
         i = int(order[bad[0]])
         rank, ch = (int(dst[i]), int(chunk[i])) if dst is not None else divmod(int(flat_dst[i]), nchunks)
@@ -195,7 +195,7 @@ def verify_interval(schedule: Schedule, *, _chunks: int | None = None) -> Verifi
     stamp = np.full(nslots, -1, np.int64)
     index = np.arange(schedule.ntransfers)
     ptr = schedule.step_ptr
-    reduces_before = np.concatenate([[0], np.cumsum(schedule.op, dtype=np.int64)])
+    reduces_before = np.concatenate([[0], np.cumsum(schedule.combine, dtype=np.int64)])
     nreduce = reduces_before[ptr[1:]] - reduces_before[ptr[:-1]]
     for s in range(schedule.nsteps):
         a, z = ptr[s], ptr[s + 1]
@@ -207,13 +207,13 @@ def verify_interval(schedule: Schedule, *, _chunks: int | None = None) -> Verifi
             _first_empty_send(s_len > 0, schedule.src[a:z], schedule.chunk[a:z], s)
         stamp[fdst] = index[a:z]
         if np.any(stamp[fdst] != index[a:z]):  # several transfers into one slot
-            _write_conflicts(dst_slot[a:z], schedule.op[a:z], s, c, schedule.dst[a:z], schedule.chunk[a:z])
+            _write_conflicts(dst_slot[a:z], schedule.combine[a:z], s, c, schedule.dst[a:z], schedule.chunk[a:z])
             raise _NotAnInterval  # multi-way reduces: the bitset verifier merges them exactly
         if nreduce[s] == 0:  # copies only
             start[fdst] = s_start
             length[fdst] = s_len
             continue
-        red = schedule.op[a:z] == Op.REDUCE
+        red = schedule.combine[a:z] == Combine.REDUCE
         d_start, d_len = start[fdst], length[fdst]
         total = d_len + s_len
         after_dst = (d_start + d_len) % n == s_start
@@ -272,22 +272,22 @@ def _bitset_batch(schedule, c0, c1, n, c, words, pre, post, full, bit, word) -> 
     sel = (pre_chunk >= c0) & (pre_chunk < c1)
     state[pre_rank[sel] * width + pre_chunk[sel] - c0, word[pre_who[sel]]] |= bit[pre_who[sel]]
     for s in range(schedule.nsteps):
-        src, dst, ch, op = schedule.step(s)
+        src, dst, ch, combine = schedule.step(s)
         if width < c:
             keep = (ch >= c0) & (ch < c1)
-            src, dst, ch, op = src[keep], dst[keep], ch[keep], op[keep]
+            src, dst, ch, combine = src[keep], dst[keep], ch[keep], combine[keep]
         if not len(src):
             continue
         fsrc = src.astype(np.int64) * width + (ch - c0)
         fdst = dst.astype(np.int64) * width + (ch - c0)
         values = state[fsrc]  # start-of-step reads
         _first_empty_send(values.any(axis=1), src, ch, s)
-        order, occurrence = _write_conflicts(dst.astype(np.int64) * c + ch, op, s, c)
+        order, occurrence = _write_conflicts(dst.astype(np.int64) * c + ch, combine, s, c)
         for k in range(int(occurrence.max()) + 1 if len(occurrence) else 0):
             rows = order[occurrence == k]
             incoming = values[rows]
             slots = fdst[rows]
-            red = op[rows] == Op.REDUCE
+            red = combine[rows] == Combine.REDUCE
             if red.any():
                 current = state[slots[red]]
                 twice = (current & incoming[red]).any(axis=1)

@@ -7,11 +7,12 @@ talks to one peer at a time and the rail is time-multiplexed between phases (Opu
 from its group, with no profiling pass.
 
 Circuits of an op follow from its traffic (``control/plan.py``: PXN, a transfer crosses the rail of
-its destination GPU). A collective whose circuits do not form a partial permutation on a rail (an
-all-to-all across servers) is split into parts, each a matching, run one after the other. A phase's
-configuration on a rail is the union of its ops' circuits, split into the fewest matchings only
-where the union is not one (Opus section 4: pipeline forward and backward between the same two
-servers are one configuration; a middle stage of PP >= 4 needs two).
+its destination GPU); a collective's traffic is the schedule of its algorithm (``CollectiveOp.algorithm``,
+``"auto"`` resolved by the collectives registry). A collective whose circuits do not form a partial
+permutation on a rail (an all-to-all across servers) is split into parts, each a matching, run one
+after the other. A phase's configuration on a rail is the union of its ops' circuits, split into
+the fewest matchings only where the union is not one (Opus section 4: pipeline forward and backward
+between the same two servers are one configuration; a middle stage of PP >= 4 needs two).
 
 Policy knobs (``OpusParams``), the published Opus first (``ORIGINAL``), lightrail's after:
 - ``mode``: reconfigure *on demand* when a phase's first op checks in, or *provisioned* once the
@@ -37,11 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightrail.collectives import generate
+from lightrail.collectives import resolve
 from lightrail.control.plan import NO_CIRCUITS, Circuits, Mode, Plan, is_matching, rail_circuits, union
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.workload.parallel import Dim, Layout
-from lightrail.workload.program import Collective, Op, Program, Send
+from lightrail.workload.program import CollectiveOp, CommOp, Program, SendOp
 
 __all__ = ["OpusParams", "OpusPlanner", "Requirement", "ORIGINAL", "LIGHTRAIL", "KNOBS", "is_rail_configuration"]
 
@@ -94,15 +95,12 @@ class Requirement:
         return len(self.circuits[0])
 
 
-def _schedule_name(kind: str) -> tuple[str, str]:
-    return (kind, "pairwise") if kind == "alltoall" else (kind, "ring")
-
-
 def _comm_ops(program: Program):
     for stage, ops in enumerate(program.stages):
         for op in ops:
-            if isinstance(op, (Collective, Send)):
-                yield stage, op
+            match op:
+                case CollectiveOp() | SendOp():
+                    yield stage, op
 
 
 class OpusPlanner:
@@ -120,10 +118,16 @@ class OpusPlanner:
         self._plan: tuple[Program, Plan] | None = None
 
     @staticmethod
-    def _key(op: Op, stage: int) -> tuple:
-        return (getattr(op, "group_dims", op.dim), getattr(op, "kind", "send"), getattr(op, "offset", 0), stage)
+    def _key(op: CommOp, stage: int) -> tuple:
+        """Ops with equal keys have the same traffic (and so the same requirements)."""
+        match op:
+            case CollectiveOp(kind=kind, algorithm=algorithm):
+                return (op.group_dims, kind, algorithm, 0, stage)
+            case SendOp(offset=offset):
+                return (op.group_dims, "send", None, offset, stage)
+        raise TypeError(f"{op!r} is not a communication op")
 
-    def requirements(self, op: Op, stage: int) -> tuple[Requirement, ...]:
+    def requirements(self, op: CommOp, stage: int) -> tuple[Requirement, ...]:
         """The parts of a communication op at ``stage``, each with its transfers, circuits and configuration."""
         key = self._key(op, stage)
         if key not in self._cache:
@@ -134,23 +138,30 @@ class OpusPlanner:
             self._cache[key] = tuple(Requirement(*p) for p in parts)
         return self._cache[key]
 
-    def _parts(self, op: Op, stage: int) -> list[tuple[str, tuple, Circuits]]:
+    def _parts(self, op: CommOp, stage: int) -> list[tuple[str, tuple, Circuits]]:
+        match op:
+            case SendOp():
+                return self._send_parts(op, stage)
+            case CollectiveOp():
+                return self._collective_parts(op, stage)
+        raise TypeError(f"{op!r} is not a communication op")
+
+    def _send_parts(self, op: SendOp, stage: int) -> list[tuple[str, tuple, Circuits]]:
+        lay = self.layout
+        src = lay.stage_ranks(stage)
+        dst = src + op.offset * lay.stride(Dim.PP)
+        rails = None
+        if self.params.split_pp and lay.gpus_per_server > 1:
+            rails = np.arange(0 if op.offset > 0 else 1, lay.gpus_per_server, 2)
+        return [(op.dim.value, ((src, dst),), rail_circuits(lay, src, dst, rails))]
+
+    def _collective_parts(self, op: CollectiveOp, stage: int) -> list[tuple[str, tuple, Circuits]]:
         lay = self.layout
         phase = op.dim.value
-        if isinstance(op, Send):
-            src = lay.stage_ranks(stage)
-            dst = src + op.offset * lay.stride(Dim.PP)
-            rails = None
-            if self.params.split_pp and lay.gpus_per_server > 1:
-                rails = np.arange(0 if op.offset > 0 else 1, lay.gpus_per_server, 2)
-            return [(phase, ((src, dst),), rail_circuits(lay, src, dst, rails))]
-        if not isinstance(op, Collective):
-            raise TypeError(f"{op!r} is not a communication op")
         groups = lay.groups_over(op.group_dims)
         groups = groups[(groups[:, 0] // (lay.world // lay.pp)) == stage]
-        kind, algo = _schedule_name(op.kind)
         k = groups.shape[1]
-        schedule = generate(kind, algo, k) if k > 1 else None
+        schedule = resolve(op.kind, op.algorithm, k)(k) if k > 1 else None
         # Greedy: extend a part while its circuits stay one matching per rail. Steps with the same
         # pairs as the previous one (every step of a ring) add nothing and are not recomputed.
         parts: list = []

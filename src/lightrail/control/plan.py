@@ -51,7 +51,11 @@ class Mode(StrEnum):
 
     @classmethod
     def parse(cls, value: str, *, field: str = "mode") -> Mode:
-        """``on-demand`` (or the old ``on_demand``) or ``provisioned``; a ScenarioError naming ``field`` else."""
+        """``on-demand`` (or the old ``on_demand``) or ``provisioned``; a ScenarioError naming ``field`` else.
+
+        >>> Mode.parse("on_demand"), str(Mode.parse("provisioned"))
+        (<Mode.ON_DEMAND: 'on-demand'>, 'provisioned')
+        """
         try:
             return cls(value)
         except ValueError:

@@ -15,12 +15,14 @@ from lightrail.fabric.topology import NodeKind, Topology
 
 __all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "photonic_rails", "square_shape",
            "build_topology", "TOPOLOGIES",
-           "NVLINK_BANDWIDTH", "NIC_BANDWIDTH"]
+           "NVLINK_BANDWIDTH", "NIC_BANDWIDTH", "GPUS_PER_SERVER"]
 
 # H100/H200 HGX: NVLink 4 gives 900 GB/s per GPU bidirectional, i.e. 450 GB/s each way
 # (NVIDIA H100 datasheet); one ConnectX-7 400 Gb/s NIC per GPU (DESIGN.md "Defaults").
 NVLINK_BANDWIDTH = 450e9
 NIC_BANDWIDTH = 400e9 / 8
+GPUS_PER_SERVER = 8
+"""GPUs of an HGX server (one NVLink domain), and so the rails of a rail-optimized cluster."""
 
 
 def _check_n(n: int, field: str = "ranks") -> None:
@@ -172,7 +174,7 @@ def fat_tree(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0, 
                   hosts_per_leaf=k, oversubscription=oversubscription)
 
 
-def rails(n: int, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWIDTH,
+def rails(n: int, *, gpus_per_server: int = GPUS_PER_SERVER, nic_bandwidth: float = NIC_BANDWIDTH,
           nvlink_bandwidth: float = NVLINK_BANDWIDTH, latency: float = 0.0, routing: str = "pxn") -> Topology:
     """Rail-optimized cluster: servers of g GPUs on an NVLink switch; GPU i of every server on rail i.
 
@@ -254,7 +256,7 @@ TOPOLOGIES = ("switch", "ring", "torus2d", "torus3d", "fat-tree", "rails")
 
 
 def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0,
-                   shape: tuple[int, ...] | None = None, gpus_per_server: int = 8,
+                   shape: tuple[int, ...] | None = None, gpus_per_server: int = GPUS_PER_SERVER,
                    nvlink_bandwidth: float = NVLINK_BANDWIDTH, hosts_per_leaf: int = 32,
                    oversubscription: float = 1.0, routing: str = "pxn") -> Topology:
     """A topology by preset name for n GPUs; errors name the option at fault.
@@ -286,8 +288,9 @@ def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, laten
     raise UnsupportedError(f"unknown topology {kind!r}", field="--topology", fix="use one of " + ", ".join(TOPOLOGIES))
 
 
-def photonic_rails(servers: int, circuits, *, gpus_per_server: int = 8, nic_bandwidth: float = NIC_BANDWIDTH,
-                   nvlink_bandwidth: float = NVLINK_BANDWIDTH, latency: float = 0.0) -> Topology:
+def photonic_rails(servers: int, circuits, *, gpus_per_server: int = GPUS_PER_SERVER,
+                   nic_bandwidth: float = NIC_BANDWIDTH, nvlink_bandwidth: float = NVLINK_BANDWIDTH,
+                   latency: float = 0.0) -> Topology:
     """Servers on NVLink whose rails are optical circuit switches in a given configuration.
 
     ``circuits`` is ``(rail, tx_server, rx_server)`` arrays: on rail i, a circuit from the NIC of

@@ -19,7 +19,11 @@ __all__ = ["is_partial_permutation", "check_partial_permutation", "is_duplex", "
 
 
 def is_partial_permutation(perm, n: int | None = None) -> bool:
-    """True if no two inputs share an output, every port exists and none loops to itself."""
+    """True if no two inputs share an output, every port exists and none loops to itself.
+
+    >>> is_partial_permutation([1, 0, -1]), is_partial_permutation([1, 1, 0])
+    (True, False)
+    """
     perm = np.asarray(perm)
     if perm.ndim != 1 or not np.issubdtype(perm.dtype, np.integer) and len(perm):
         return False

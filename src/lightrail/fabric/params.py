@@ -10,6 +10,7 @@ their defaults (each defined here once, with its source).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
@@ -19,11 +20,26 @@ from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, ring, squ
 from lightrail.fabric.topology import NodeKind, Topology
 
 __all__ = ["RailFabric", "ReconfigurableFabric", "RECONFIG_DELAY", "CHECK_IN_RTT", "COMMAND_LATENCY",
-           "FabricKind", "Base"]
+           "HOP_LATENCY", "ALPHA", "FabricKind", "Base"]
 
 RECONFIG_DELAY = 10e-3
 """A MEMS optical circuit switch's reconfiguration delay, seconds (e.g. Polatis: 10-25 ms; DESIGN.md)."""
-FabricKind = Literal["electrical", "photonic", "ideal"]
+HOP_LATENCY = 1e-6
+"""Latency of one hop (a link and its switch or NIC), seconds: about a microsecond on InfiniBand-class links."""
+ALPHA = 3e-6
+"""Start-up cost of one collective step, seconds (~3 us on NVLink-class links; DESIGN.md)."""
+
+
+class FabricKind(StrEnum):
+    """What the scale-out rails are made of (the strings are the JSON outputs' ``fabric``)."""
+
+    ELECTRICAL = "electrical"
+    """Electrical packet switches: no circuits, no controller."""
+    PHOTONIC = "photonic"
+    """Optical circuit switches with their reconfiguration delay and a controller."""
+    IDEAL = "ideal"
+    """Circuit switches that reconfigure instantly under an instant controller (the lower bound)."""
+
 
 CHECK_IN_RTT = 0.42e-3
 """A rank's round trip to the controller: request to grant with the circuits present, p50 over 1,600
@@ -37,16 +53,25 @@ round trip above (0.42 ms)."""
 
 @dataclass(frozen=True, kw_only=True)
 class RailFabric:
-    """The scale-out rails: electrical packet switches, optical circuit switches, or ideal OCS."""
+    """The scale-out rails: electrical packet switches, optical circuit switches, or ideal OCS.
 
-    kind: FabricKind = "photonic"
+    Errors name the scenario file's field:
+
+    >>> RailFabric(reconfig_delay=-1.0)
+    Traceback (most recent call last):
+    ...
+    lightrail.errors.ScenarioError: ocs.reconfig_delay: reconfig_delay=-1.0; use 0 or more seconds
+    """
+
+    kind: FabricKind = FabricKind.PHOTONIC
+    """A FabricKind, or its string."""
     reconfig_delay: float = RECONFIG_DELAY
     """OCS reconfiguration delay in seconds (MEMS: 10-25 ms, DESIGN.md); ignored by other kinds."""
     nic_bandwidth: float = NIC_BANDWIDTH
     nvlink_bandwidth: float = NVLINK_BANDWIDTH
-    latency: float = 1e-6
+    latency: float = HOP_LATENCY
     """Per hop (link) latency in seconds."""
-    alpha: float = 3e-6
+    alpha: float = ALPHA
     """Start-up cost per collective step in seconds."""
     check_in_rtt: float = CHECK_IN_RTT
     """Round trip between a rank and the controller, in seconds (photonic only)."""
@@ -58,33 +83,36 @@ class RailFabric:
     """False only for the overhead breakdown's counterfactual: circuits switch even under traffic."""
 
     def __post_init__(self):
-        if self.kind not in ("electrical", "photonic", "ideal"):
+        try:
+            object.__setattr__(self, "kind", FabricKind(self.kind))
+        except ValueError:
             raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
-                                fix="use electrical, photonic or ideal")
+                                fix="use electrical, photonic or ideal") from None
+        # named as the scenario file names them (its ocs section)
         for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
             if getattr(self, name) < 0:
-                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"fabric.{name}",
+                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"ocs.{name}",
                                     fix="use 0 or more seconds")
         if self.routing not in ("pxn", "ecmp"):
             raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
 
     @property
     def delay(self) -> float:
-        return self.reconfig_delay if self.kind == "photonic" else 0.0
+        return self.reconfig_delay if self.kind is FabricKind.PHOTONIC else 0.0
 
     @property
     def rtt(self) -> float:
         """Check-in round trip: photonic rails only (electrical rails need no controller; the ideal rail
         is an ideal OCS with an ideal controller)."""
-        return self.check_in_rtt if self.kind == "photonic" else 0.0
+        return self.check_in_rtt if self.kind is FabricKind.PHOTONIC else 0.0
 
     @property
     def command(self) -> float:
-        return self.command_latency if self.kind == "photonic" else 0.0
+        return self.command_latency if self.kind is FabricKind.PHOTONIC else 0.0
 
     @property
     def circuits(self) -> bool:
-        return self.kind != "electrical"
+        return self.kind is not FabricKind.ELECTRICAL
 
 
 Base = Literal["none", "ring", "torus"]
@@ -99,12 +127,13 @@ class ReconfigurableFabric:
     base: Base = "none"
     bandwidth: float = NIC_BANDWIDTH
     """Per optical port and per base link, bytes/s."""
-    latency: float = 1e-6
+    latency: float = HOP_LATENCY
     """Per hop (switching, serialisation), seconds."""
     propagation: float = 0.0
     """Fibre delay added to every circuit hop (5 ns/m, DESIGN.md), seconds."""
     reconfig_delay: float = 10e-6
-    alpha: float = 3e-6
+    """Circuit reconfiguration delay, seconds (default: a microsecond-class photonic switch, not MEMS)."""
+    alpha: float = ALPHA
     initial: Literal["ring", "none"] = "ring"
     """Circuits installed before the collective: a bidirectional ring (uses up to two ports) or none."""
 

@@ -37,12 +37,12 @@ from math import prod
 import numpy as np
 
 from lightrail.control.opus import LIGHTRAIL, OpusParams, OpusPlanner, Requirement
-from lightrail.control.plan import Plan
+from lightrail.control.plan import Mode, Plan
 from lightrail.fabric.builders import photonic_rails, rails
 from lightrail.fabric.circuits import CircuitState
 from lightrail.fabric.params import RailFabric
 from lightrail.timing import Engine
-from lightrail.workload.program import Collective, Compute, Program, Recv, Send
+from lightrail.workload.program import CollectiveOp, CommOp, ComputeOp, Program, RecvOp, SendOp
 
 __all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration"]
 
@@ -102,14 +102,22 @@ class OpDurations:
         self.fabric = fabric
         self._cache: dict = {}
 
-    def seconds(self, op, part: int, req: Requirement) -> float:
-        shape = (type(op).__name__, getattr(op, "group_dims", op.dim), getattr(op, "kind", None),
-                 getattr(op, "offset", 0), op.nbytes, part)
+    def seconds(self, op: CommOp, part: int, req: Requirement) -> float:
+        """Seconds of part ``part`` (whose transfers and circuits are ``req``) of one ``op``."""
+        match op:
+            case CollectiveOp(kind=kind, algorithm=algorithm, nbytes=nbytes):
+                shape = ("collective", op.group_dims, kind, algorithm, nbytes, part)
+                per_transfer = nbytes / prod(self.layout.degree(d) for d in op.group_dims)  # one chunk
+            case SendOp(offset=offset, nbytes=nbytes):
+                shape = ("send", op.group_dims, offset, nbytes, part)
+                per_transfer = nbytes
+            case _:
+                raise TypeError(f"{op!r} is not a communication op")
         if shape not in self._cache:
-            self._cache[shape] = self._time(op, req)
+            self._cache[shape] = self._time(req, per_transfer)
         return self._cache[shape]
 
-    def _time(self, op, req: Requirement) -> float:
+    def _time(self, req: Requirement, per_transfer: float) -> float:
         lay, fab = self.layout, self.fabric
         g = lay.gpus_per_server
         ranks = np.concatenate([np.concatenate(pair) for pair in req.steps]) if req.steps else np.zeros(0, int)
@@ -126,11 +134,7 @@ class OpDurations:
             topo = rails(len(servers) * g, gpus_per_server=g, nic_bandwidth=fab.nic_bandwidth,
                          nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency, routing=fab.routing)
         engine = Engine(topo, alpha=fab.alpha)
-        per_transfer = op.nbytes if isinstance(op, Send) else op.nbytes / self._group_size(op)
         return sum(engine.transfer_time(local(src), local(dst), per_transfer) for src, dst in req.steps)
-
-    def _group_size(self, op) -> int:
-        return prod(self.layout.degree(d) for d in op.group_dims)
 
 
 class _Rails:
@@ -244,18 +248,67 @@ def simulate_iteration(program: Program, fabric: RailFabric, params: OpusParams 
     delay or the controller's latency (their work does not depend on those)."""
     planner = planner or OpusPlanner(program.job.layout, params)
     sim = _Simulation(program, fabric, planner, durations)
-    end_first = sim.run(0.0, record=False)
-    sim.run(end_first, record=True)
-    return sim.result(end_first)
+    sim.run_iteration(record=False)  # leaves the rails as the previous iteration would
+    return sim.result(sim.run_iteration(record=True))
+
+
+@dataclass
+class _StageTotals:
+    """One stage's time per category in an iteration, and its controller check-ins; the bubble is what
+    the iteration leaves over (``result``)."""
+
+    compute: float = 0.0
+    communication: float = 0.0
+    """Includes the control and circuit waits, which ``result`` takes out again."""
+    reconfiguration: float = 0.0
+    control: float = 0.0
+    round_trips: int = 0
+
+
+class _Iteration:
+    """Everything one iteration's run changes: the event queue (ties broken by insertion order), where
+    each stage stands in its op list, the pipeline channels, the per-stage totals and the trace."""
+
+    def __init__(self, start: float, stages: int, *, record: bool, reconfig_mark: int):
+        self.start = start
+        self.end = start
+        self.queue: list[tuple[float, int, int]] = []  # (time, insertion counter, stage)
+        self.counter = 0
+        self.next_op = [0] * stages
+        self.sent: dict[tuple[int, int], list[float]] = {}  # (from, to) stage -> arrival of each send, FIFO
+        self.waiting: dict[tuple[int, int], int] = {}  # (from, to) -> the stage blocked in its receive
+        self.finish = [start] * stages
+        self.async_end = start
+        self.totals = [_StageTotals() for _ in range(stages)]
+        self.events: list[TraceEvent] | None = [] if record else None
+        self.reconfig_mark = reconfig_mark
+        """Reconfigurations before this index of ``_Rails.reconfigs`` belong to earlier iterations."""
+        for stage in range(stages):
+            self.push(start, stage)
+
+    def push(self, time: float, stage: int) -> None:
+        heapq.heappush(self.queue, (time, self.counter, stage))
+        self.counter += 1
+
+    def event(self, track: str, name: str, category: str, start: float, duration: float) -> None:
+        if self.events is not None and duration > 0:
+            self.events.append(TraceEvent(track, name, category, start, duration))
 
 
 class _Simulation:
+    """A program executed under a plan, iteration after iteration; what carries over from one
+    iteration to the next (the clock, the rails, when each stage last used them) lives here."""
+
     def __init__(self, program: Program, fabric: RailFabric, planner: OpusPlanner, durations: OpDurations | None):
         self.program, self.fabric, self.planner = program, fabric, planner
+        self.layout = program.job.layout
         self.plan = planner.plan(program) if fabric.circuits else None
         self.durations = durations or OpDurations(program, fabric)
-        self.rails = _Rails(self.plan, fabric, planner.params, program.job.layout)
-        self.layout = program.job.layout
+        self.rails = _Rails(self.plan, fabric, planner.params, self.layout)
+        self.clock = 0.0
+        """Where the next iteration starts: the end of the last one."""
+        self.prior = [self.clock] * self.layout.pp
+        """Per stage, the end of its last op on the rails (when a provisioned controller learns the next phase)."""
 
     def _check_in(self, s: int, req: Requirement) -> bool:
         """Does this op (part) ask the controller first? Opus: every op on the rails; leases: only when
@@ -264,136 +317,114 @@ class _Simulation:
             return False
         return not (self.planner.params.leases and self.rails.has_lease(s, req))
 
-    def run(self, t0: float, *, record: bool) -> float:
-        pp = self.layout.pp
-        queue: list = []
-        seq = 0
-
-        def push(time, stage):
-            nonlocal seq
-            heapq.heappush(queue, (time, seq, stage))
-            seq += 1
-
-        index = [0] * pp
-        channel: dict[tuple[int, int], list[float]] = {}
-        waiting: dict[tuple[int, int], int] = {}
-        finish = [t0] * pp
-        async_end = t0
-        # bubble is derived in result(): the iteration minus what the stage was busy with
-        self.acc = [dict(compute=0.0, communication=0.0, reconfiguration=0.0, control=0.0, round_trips=0)
-                    for _ in range(pp)]
-        self.events: list = [] if record else None
-        reconfig_mark = len(self.rails.reconfigs)
-        for s in range(pp):
-            push(t0, s)
-        provisioned = self.planner.params.mode == "provisioned"
-        leases = self.planner.params.leases
-        rtt, command = self.fabric.rtt, self.fabric.command
-        prior = list(self.prior) if hasattr(self, "prior") else [t0] * pp  # end of each actor's last rail op
-        while queue:
-            t, _, s = heapq.heappop(queue)
+    def run_iteration(self, *, record: bool) -> _Iteration:
+        """Run the program once from ``clock``; ``record`` keeps the trace events."""
+        it = _Iteration(self.clock, self.layout.pp, record=record, reconfig_mark=len(self.rails.reconfigs))
+        while it.queue:
+            t, _, s = heapq.heappop(it.queue)
             ops = self.program.stages[s]
-            if index[s] >= len(ops):
-                finish[s] = t
+            if it.next_op[s] >= len(ops):
+                it.finish[s] = t
                 continue
-            op = ops[index[s]]
-            track = f"stage {s}"
-            if isinstance(op, Compute):
-                self._event(track, op.label, "compute", t, op.seconds)
-                self.acc[s]["compute"] += op.seconds
-                index[s] += 1
-                push(t + op.seconds, s)
-                continue
-            if isinstance(op, Recv):
-                key = (s + op.offset, s)
-                if channel.get(key):
-                    ready = channel[key].pop(0)
-                    if ready > t:
-                        self._event(track, f"wait {op.label}", "bubble", t, ready - t)
-                    index[s] += 1
-                    push(max(t, ready), s)
-                else:
-                    waiting[key] = s  # woken by the matching send
-                continue
-            # a communication op (collective or send), possibly in several circuit parts; `count`
-            # back-to-back collectives each check in under Opus's per-op rule
-            reqs = self.planner.requirements(op, s)
-            asynchronous = getattr(op, "asynchronous", False)
-            count = op.count if isinstance(op, Collective) else 1
-            repeat = count if len(reqs) > 1 or (not leases and any(r.ncircuits for r in reqs)) else 1
-            now = t
-            for _ in range(repeat):
-                for part, req in enumerate(reqs):
-                    seconds = self.durations.seconds(op, part, req)
-                    if repeat == 1 and isinstance(op, Collective):
-                        seconds *= count
-                    ready = now
-                    if self._check_in(s, req):
-                        self.acc[s]["round_trips"] += 1
-                        ask = min(prior[s], now) if provisioned else now  # when the controller learns the phase
-                        lit = self.rails.ensure(req, ask + rtt / 2 + command)
-                        ready = max(now + rtt, lit + rtt / 2 if lit > now else 0.0)
-                        if ready - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
-                            ready = now
-                        if leases:
-                            self.rails.take_lease(s, req)
-                        if not asynchronous:
-                            control = min(rtt, ready - now)
-                            self._event(track, f"check-in {op.label}", "control", now, control)
-                            self._event(track, f"circuits for {op.label}", "reconfiguration", now + control,
-                                        ready - now - control)
-                            self.acc[s]["control"] += control
-                            self.acc[s]["reconfiguration"] += ready - now - control
-                    self.rails.occupy(req, ready + seconds)
-                    self._event(track if not asynchronous else f"stage {s} async", op.label, op.dim.value, ready,
-                                seconds)
-                    now = ready + seconds
-            if asynchronous:
-                async_end = max(async_end, now)
-                end = t
-            else:
-                self.acc[s]["communication"] += now - t  # includes the control and circuit waits, taken out later
-                end = now
-            if isinstance(op, Send):
-                key = (s, s + op.offset)
-                channel.setdefault(key, []).append(now)
-                if key in waiting:
-                    r = waiting.pop(key)
-                    push(t, r)  # re-run its receive, which now finds the send
-            index[s] += 1
-            if any(req.ncircuits for req in reqs):  # ops that stay inside servers (tp) do not end a rail phase
-                prior[s] = max(prior[s], now)
-            push(end, s)
-        end_time = max(max(finish), async_end, float(np.max(self.rails.state.tx_busy, initial=t0)))
-        self.prior = prior
-        if record:
-            self.t0, self.t1 = t0, end_time
-            self.reconfig_window = self.rails.reconfigs[reconfig_mark:]
-        return end_time
+            match ops[it.next_op[s]]:
+                case ComputeOp() as op:
+                    it.event(f"stage {s}", op.label, "compute", t, op.seconds)
+                    it.totals[s].compute += op.seconds
+                    it.next_op[s] += 1
+                    it.push(t + op.seconds, s)
+                case RecvOp() as op:
+                    self._receive(it, s, op, t)
+                case CollectiveOp() | SendOp() as op:
+                    self._communicate(it, s, op, t)
+                case op:
+                    raise TypeError(f"{op!r} is not a program op")
+        it.end = max(max(it.finish), it.async_end, float(np.max(self.rails.state.tx_busy, initial=it.start)))
+        self.clock = it.end
+        return it
 
-    def _event(self, track, name, cat, start, dur) -> None:
-        if self.events is not None and dur > 0:
-            self.events.append(TraceEvent(track, name, cat, start, dur))
+    def _receive(self, it: _Iteration, s: int, op: RecvOp, t: float) -> None:
+        key = (s + op.offset, s)
+        if it.sent.get(key):
+            ready = it.sent[key].pop(0)
+            if ready > t:
+                it.event(f"stage {s}", f"wait {op.label}", "bubble", t, ready - t)
+            it.next_op[s] += 1
+            it.push(max(t, ready), s)
+        else:
+            it.waiting[key] = s  # woken by the matching send
 
-    def result(self, t0: float) -> IterationResult:
-        total = self.t1 - self.t0
+    def _communicate(self, it: _Iteration, s: int, op: CommOp, t: float) -> None:
+        """A collective or send, possibly in several circuit parts; ``count`` back-to-back collectives
+        each check in under Opus's per-op rule."""
+        track = f"stage {s}"
+        totals = it.totals[s]
+        leases = self.planner.params.leases
+        provisioned = self.planner.params.mode is Mode.PROVISIONED
+        rtt, command = self.fabric.rtt, self.fabric.command
+        reqs = self.planner.requirements(op, s)
+        repeat = op.count if len(reqs) > 1 or (not leases and any(r.ncircuits for r in reqs)) else 1
+        now = t
+        for _ in range(repeat):
+            for part, req in enumerate(reqs):
+                seconds = self.durations.seconds(op, part, req)
+                if repeat == 1:
+                    seconds *= op.count
+                ready = now
+                if self._check_in(s, req):
+                    totals.round_trips += 1
+                    ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
+                    lit = self.rails.ensure(req, ask + rtt / 2 + command)
+                    ready = max(now + rtt, lit + rtt / 2 if lit > now else 0.0)
+                    if ready - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
+                        ready = now
+                    if leases:
+                        self.rails.take_lease(s, req)
+                    if not op.asynchronous:
+                        control = min(rtt, ready - now)
+                        it.event(track, f"check-in {op.label}", "control", now, control)
+                        it.event(track, f"circuits for {op.label}", "reconfiguration", now + control,
+                                 ready - now - control)
+                        totals.control += control
+                        totals.reconfiguration += ready - now - control
+                self.rails.occupy(req, ready + seconds)
+                it.event(track if not op.asynchronous else f"stage {s} async", op.label, op.dim.value, ready, seconds)
+                now = ready + seconds
+        if op.asynchronous:
+            it.async_end = max(it.async_end, now)
+            end = t
+        else:
+            totals.communication += now - t
+            end = now
+        match op:
+            case SendOp(offset=offset):
+                key = (s, s + offset)
+                it.sent.setdefault(key, []).append(now)
+                if key in it.waiting:
+                    it.push(t, it.waiting.pop(key))  # re-run its receive, which now finds the send
+        it.next_op[s] += 1
+        if any(req.ncircuits for req in reqs):  # ops that stay inside servers (tp) do not end a rail phase
+            self.prior[s] = max(self.prior[s], now)
+        it.push(end, s)
+
+    def result(self, it: _Iteration) -> IterationResult:
+        total = it.end - it.start
         # communication counted above includes the control and reconfiguration waits; separate them
         stages = []
-        for acc in self.acc:
-            waits = acc["control"] + acc["reconfiguration"]
-            comm = acc["communication"] - waits
-            busy = acc["compute"] + comm + waits
-            stages.append({"compute_s": acc["compute"], "communication_s": comm,
-                           "reconfiguration_s": acc["reconfiguration"], "control_s": acc["control"],
-                           "bubble_s": max(0.0, total - busy), "round_trips": acc["round_trips"]})
+        for acc in it.totals:
+            waits = acc.control + acc.reconfiguration
+            comm = acc.communication - waits
+            busy = acc.compute + comm + waits
+            stages.append({"compute_s": acc.compute, "communication_s": comm,
+                           "reconfiguration_s": acc.reconfiguration, "control_s": acc.control,
+                           "bubble_s": max(0.0, total - busy), "round_trips": acc.round_trips})
         per_rail = [0] * self.layout.gpus_per_server
-        for rail, start, end, _, phase in self.reconfig_window:
+        for rail, start, end, _, phase in self.rails.reconfigs[it.reconfig_mark:]:
             per_rail[rail] += 1
-            self._event(f"OCS rail {rail}", f"reconfigure to {phase}", "reconfiguration", start, end - start)
+            it.event(f"OCS rail {rail}", f"reconfigure to {phase}", "reconfiguration", start, end - start)
         mean = {k: float(np.mean([st[k] for st in stages])) for k in stages[0]}
         label = "electrical" if not self.fabric.circuits else self.planner.params.label
-        events = list(self.events or [])
-        return IterationResult(self.fabric.kind, label, total, mean["compute_s"], mean["communication_s"],
+        events = list(it.events or [])
+        return IterationResult(self.fabric.kind.value, label, total, mean["compute_s"], mean["communication_s"],
                                mean["reconfiguration_s"], mean["bubble_s"],
                                per_rail if self.fabric.circuits else [0] * self.layout.gpus_per_server,
                                events, stages, control_s=mean["control_s"],

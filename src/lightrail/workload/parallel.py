@@ -14,6 +14,7 @@ from math import prod
 import numpy as np
 
 from lightrail.errors import InfeasibleError
+from lightrail.fabric.builders import GPUS_PER_SERVER
 
 __all__ = ["Dim", "ORDER", "Layout"]
 
@@ -41,12 +42,16 @@ class Layout:
     ep: int
     dp: int
     pp: int
-    gpus_per_server: int = 8
+    gpus_per_server: int = GPUS_PER_SERVER
 
     @classmethod
     def from_degrees(cls, world: int, *, tp: int = 1, cp: int = 1, ep: int = 1, dp: int = -1, pp: int = 1,
-                     gpus_per_server: int = 8) -> Layout:
+                     gpus_per_server: int = GPUS_PER_SERVER) -> Layout:
         """Check and build a layout; one degree may be -1 ("the rest", usually dp).
+
+        >>> lay = Layout.from_degrees(64, tp=8, pp=2)
+        >>> str(lay), lay.dp, lay.servers
+        ('TP8 x DP4 x PP2', 4, 8)
 
         Raises
         ------

@@ -23,24 +23,36 @@ Bytes per op (Megatron-LM conventions, bf16 unless the model says otherwise):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from math import prod
+from typing import ClassVar, Protocol
 
+from lightrail.collectives.collective import Kind
+from lightrail.collectives.registry import AUTO, parse_kind
 from lightrail.errors import InfeasibleError
 from lightrail.workload.hardware import GPU, compute_seconds
 from lightrail.workload.model import ModelSpec
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["Compute", "Collective", "Send", "Recv", "Op", "TrainingJob", "Program", "build_program"]
+__all__ = ["ComputeOp", "CollectiveOp", "SendOp", "RecvOp", "ProgramOp", "CommOp", "PipelineSchedule",
+           "TrainingJob", "Program", "build_program", "MFU", "SCENARIO_DP_BUCKETS"]
+
+MFU = 0.4
+"""Model FLOPs utilisation assumed when a job gives none: large dense training runs report 0.3-0.5."""
+SCENARIO_DP_BUCKETS = 4
+"""Gradient buckets of a scenario file that gives none: a scenario describes a realistic job, whose sync
+overlaps the last backward (as DDP and Megatron buckets do). A bare :class:`TrainingJob` keeps one bucket,
+the plainest program (one sync per replica group), whose op counts the workload tests pin."""
 
 
 @dataclass(frozen=True)
-class Compute:
+class ComputeOp:
     seconds: float
     label: str
 
 
 @dataclass(frozen=True)
-class Collective:
+class CollectiveOp:
     """``count`` back-to-back collectives of ``kind`` on the rank's ``dim`` group, ``nbytes`` each.
 
     An ``asynchronous`` collective is issued and left running while the rank goes on (gradient
@@ -48,7 +60,8 @@ class Collective:
     """
 
     dim: Dim
-    kind: str
+    kind: Kind
+    """The collective; a string is read as its Kind (``"allreduce"``)."""
     nbytes: float
     label: str
     count: int = 1
@@ -56,6 +69,12 @@ class Collective:
     span: tuple[Dim, ...] = ()
     """Dimensions the group spans (default: just ``dim``); gradients of dense weights are reduced
     over every replica (cp, ep and dp), those of experts over cp and dp."""
+    algorithm: str = AUTO
+    """A registered algorithm of ``kind`` (``lightrail algorithms``), or ``"auto"``: the registry's choice
+    (``collectives.registry.resolve``)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", parse_kind(self.kind))
 
     @property
     def group_dims(self) -> tuple[Dim, ...]:
@@ -63,23 +82,58 @@ class Collective:
 
 
 @dataclass(frozen=True)
-class Send:
+class SendOp:
     """Pipeline send to the stage ``offset`` away (+1 next, -1 previous)."""
 
     offset: int
     nbytes: float
     label: str
     dim: Dim = Dim.PP
+    count: ClassVar[int] = 1
+    asynchronous: ClassVar[bool] = False
+
+    @property
+    def group_dims(self) -> tuple[Dim, ...]:
+        return (self.dim,)
 
 
 @dataclass(frozen=True)
-class Recv:
+class RecvOp:
+    """Pipeline receive from the stage ``offset`` away; it waits for that stage's matching send."""
+
     offset: int
     label: str
     dim: Dim = Dim.PP
 
 
-Op = Compute | Collective | Send | Recv
+ProgramOp = ComputeOp | CollectiveOp | SendOp | RecvOp
+"""One op of a program; executors ``match`` on the four classes."""
+
+
+class CommOp(Protocol):
+    """What planners and simulators read of an op that moves data over a group (CollectiveOp, SendOp)."""
+
+    @property
+    def dim(self) -> Dim: ...
+    @property
+    def group_dims(self) -> tuple[Dim, ...]: ...
+    @property
+    def nbytes(self) -> float: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def asynchronous(self) -> bool: ...
+
+
+class PipelineSchedule(StrEnum):
+    """The order of a pipeline stage's forwards and backwards (a job's ``schedule``)."""
+
+    ONE_F_ONE_B = "1f1b"
+    """PipeDream-flush, Megatron's default: warm-up forwards, then one forward and one backward in turn."""
+    GPIPE = "gpipe"
+    """All forwards, then all backwards from the last micro-batch down, as autograd frees them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,17 +147,17 @@ class TrainingJob:
     """Micro-batches per pipeline per iteration (global batch = micro_batches * micro_batch_size * dp * ep)."""
     micro_batch_size: int = 1
     """Sequences per micro-batch."""
-    mfu: float = 0.4
+    mfu: float = MFU
     """Achieved fraction of peak FLOP/s for compute (roofline)."""
     zero: bool = False
     """Data parallelism as ZeRO-style reduce-scatter + all-gather instead of all-reduce."""
     dp_buckets: int = 1
-    """Gradient buckets; bucket k is launched when k/buckets of the last backward is done."""
+    """Gradient buckets; bucket k is launched when k/buckets of the last backward is done (a scenario file's
+    default is :data:`SCENARIO_DP_BUCKETS`)."""
     grad_bytes: int = 2
     """Bytes per gradient element in the data-parallel sync (bf16)."""
-    schedule: str = "1f1b"
-    """Pipeline schedule: ``"1f1b"`` (PipeDream-flush, Megatron's default) or ``"gpipe"`` (all forwards, then
-    all backwards in reverse micro-batch order)."""
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    """Pipeline schedule; a string (``"1f1b"``, ``"gpipe"``) is read as a PipelineSchedule."""
 
     def __post_init__(self):
         m, lay = self.model, self.layout
@@ -123,8 +177,8 @@ class TrainingJob:
             (self.micro_batches >= 1, "job.micro_batches", f"{self.micro_batches} micro-batches", "use 1 or more"),
             (self.micro_batch_size >= 1, "job.micro_batch_size", f"{self.micro_batch_size}", "use 1 or more"),
             (self.dp_buckets >= 1, "job.dp_buckets", f"{self.dp_buckets} buckets", "use 1 or more"),
-            (0 < self.mfu <= 1, "job.mfu", f"mfu={self.mfu}", "use a fraction in (0, 1], e.g. 0.4"),
-            (self.schedule in ("1f1b", "gpipe"), "job.schedule", f"unknown schedule {self.schedule!r}",
+            (0 < self.mfu <= 1, "job.mfu", f"mfu={self.mfu}", f"use a fraction in (0, 1], e.g. {MFU}"),
+            (self.schedule in list(PipelineSchedule), "job.schedule", f"unknown schedule {self.schedule!r}",
              "use 1f1b or gpipe"),
         ]
         for name in ("micro_batches", "micro_batch_size", "dp_buckets", "grad_bytes"):
@@ -132,10 +186,11 @@ class TrainingJob:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InfeasibleError(f"{value!r} is not a whole number", field=f"job.{name}", fix="use an integer")
         if isinstance(self.mfu, bool) or not isinstance(self.mfu, (int, float)):
-            raise InfeasibleError(f"{self.mfu!r} is not a fraction", field="job.mfu", fix="use e.g. 0.4")
+            raise InfeasibleError(f"{self.mfu!r} is not a fraction", field="job.mfu", fix=f"use e.g. {MFU}")
         for ok, fld, message, fix in checks:
             if not ok:
                 raise InfeasibleError(message, field=fld, fix=fix)
+        object.__setattr__(self, "schedule", PipelineSchedule(self.schedule))
 
     @property
     def tokens_per_rank(self) -> int:
@@ -166,10 +221,10 @@ class Program:
     """Per pipeline stage, the ops of one iteration; every rank of the stage runs that list."""
 
     job: TrainingJob
-    stages: tuple[tuple[Op, ...], ...]
+    stages: tuple[tuple[ProgramOp, ...], ...]
     notes: dict = field(default_factory=dict)
 
-    def ops_for_rank(self, rank: int) -> tuple[Op, ...]:
+    def ops_for_rank(self, rank: int) -> tuple[ProgramOp, ...]:
         if not 0 <= rank < self.job.layout.world:
             raise InfeasibleError(f"rank {rank} is not in 0..{self.job.layout.world - 1}", field="rank")
         return self.stages[rank // (self.job.layout.world // self.job.layout.pp)]
@@ -199,35 +254,35 @@ def _stage_costs(job: TrainingJob, stage: int) -> dict:
     }
 
 
-def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward: bool) -> list[Op]:
+def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward: bool) -> list[ProgramOp]:
     """Ops of micro-batch j's forward or backward on a stage (pass 3)."""
     lay = job.layout
     last = lay.pp - 1
     tag = f"{'B' if backward else 'F'}{j}"
-    ops: list[Op] = []
+    ops: list[ProgramOp] = []
     if not backward and stage > 0:
-        ops.append(Recv(-1, f"{tag} act"))
+        ops.append(RecvOp(-1, f"{tag} act"))
     if backward and stage < last:
-        ops.append(Recv(+1, f"{tag} grad"))
-    ops.append(Compute(costs["bwd" if backward else "fwd"], tag))
+        ops.append(RecvOp(+1, f"{tag} grad"))
+    ops.append(ComputeOp(costs["bwd" if backward else "fwd"], tag))
     if lay.tp > 1:
-        ops.append(Collective(Dim.TP, "allreduce", costs["tp"][0], f"{tag} tp", costs["tp"][1]))
+        ops.append(CollectiveOp(Dim.TP, Kind.ALLREDUCE, costs["tp"][0], f"{tag} tp", costs["tp"][1]))
     if lay.cp > 1:
-        ops.append(Collective(Dim.CP, "reducescatter" if backward else "allgather", costs["cp"][0] * lay.cp,
+        ops.append(CollectiveOp(Dim.CP, Kind.REDUCESCATTER if backward else Kind.ALLGATHER, costs["cp"][0] * lay.cp,
                               f"{tag} cp", costs["cp"][1]))
     if lay.ep > 1 and costs["ep"][1]:
-        ops.append(Collective(Dim.EP, "alltoall", costs["ep"][0], f"{tag} ep", costs["ep"][1]))
+        ops.append(CollectiveOp(Dim.EP, Kind.ALLTOALL, costs["ep"][0], f"{tag} ep", costs["ep"][1]))
     if not backward and stage < last:
-        ops.append(Send(+1, costs["pp"], f"{tag} act"))
+        ops.append(SendOp(+1, costs["pp"], f"{tag} act"))
     if backward and stage > 0:
-        ops.append(Send(-1, costs["pp"], f"{tag} grad"))
+        ops.append(SendOp(-1, costs["pp"], f"{tag} grad"))
     return ops
 
 
 def _pipeline_order(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
     """The stage's order of (micro-batch, is_backward): 1F1B, or GPipe (all forwards, then all backwards
     from the last micro-batch down, as autograd frees them)."""
-    if job.schedule == "gpipe":
+    if job.schedule is PipelineSchedule.GPIPE:
         return [(j, False) for j in range(job.micro_batches)] + [(j, True) for j in reversed(range(job.micro_batches))]
     return _one_f_one_b(job, stage)
 
@@ -243,7 +298,7 @@ def _one_f_one_b(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
     return order
 
 
-def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[Op]) -> list[Op]:
+def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[ProgramOp]) -> list[ProgramOp]:
     """Pass 4: split the last backward into buckets and launch each bucket's sync after its part."""
     lay = job.layout
     dense, expert = job.stage_params(stage)
@@ -254,22 +309,27 @@ def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[Op]) -> lis
     if not syncs:
         return last_backward
     b = job.dp_buckets
-    compute = next(op for op in last_backward if isinstance(op, Compute))
-    kind = "reducescatter" if job.zero else "allreduce"
-    ops: list[Op] = []
+    compute = next(op for op in last_backward if isinstance(op, ComputeOp))
+    kind = Kind.REDUCESCATTER if job.zero else Kind.ALLREDUCE
+    ops: list[ProgramOp] = []
     for op in last_backward:
         if op is not compute:
             ops.append(op)
             continue
         for k in range(b):
-            ops.append(Compute(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
+            ops.append(ComputeOp(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
             for span, nbytes, tag in syncs:
                 name = f"dp bucket {k}" + (f" {tag}" if len(syncs) > 1 else "")
-                ops.append(Collective(Dim.DP, kind, nbytes / b, name, asynchronous=True, span=span))
+                ops.append(CollectiveOp(Dim.DP, kind, nbytes / b, name, asynchronous=True, span=span))
     if job.zero:  # parameters are gathered back once the optimizer step has run on the shards
         for span, nbytes, tag in syncs:
-            ops.append(Collective(Dim.DP, "allgather", nbytes, f"dp allgather {tag}", span=span))
+            ops.append(CollectiveOp(Dim.DP, Kind.ALLGATHER, nbytes, f"dp allgather {tag}", span=span))
     return ops
+
+
+def _is_dp(op: ProgramOp) -> bool:
+    """A gradient sync (only collectives run on the dp dimension)."""
+    return isinstance(op, CollectiveOp) and op.dim is Dim.DP
 
 
 def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
@@ -277,19 +337,25 @@ def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
 
     ``defer_dp`` moves the gradient buckets after the stage's last pipeline send, so they run as one
     phase at the end instead of overlapping the last backward (a photonic-rails planner choice).
+
+    >>> from lightrail.workload import GPUS, preset
+    >>> job = TrainingJob(model=preset("debug"), layout=Layout.from_degrees(8, tp=2, pp=2, gpus_per_server=4),
+    ...                   gpu=GPUS["h100"], micro_batches=4)
+    >>> [type(op).__name__ for op in build_program(job).stages[0][:3]]
+    ['ComputeOp', 'CollectiveOp', 'SendOp']
     """
     stages = []
     for s in range(job.layout.pp):
         costs = _stage_costs(job, s)
         order = _pipeline_order(job, s)
-        ops: list[Op] = []
+        ops: list[ProgramOp] = []
         for idx, (j, backward) in enumerate(order):
             chunk = _micro_batch_ops(job, costs, s, j, backward)
             if idx == len(order) - 1:
                 chunk = _gradient_sync(job, s, chunk)
                 if defer_dp:
-                    dp = [op for op in chunk if getattr(op, "dim", None) is Dim.DP]
-                    chunk = [op for op in chunk if getattr(op, "dim", None) is not Dim.DP] + dp
+                    dp = [op for op in chunk if _is_dp(op)]
+                    chunk = [op for op in chunk if not _is_dp(op)] + dp
             ops.extend(chunk)
         stages.append(tuple(ops))
     return Program(job, tuple(stages), {"defer_dp": defer_dp})
