@@ -14,11 +14,9 @@ import time
 
 import numpy as np
 
-from lightrail.cli import DEFAULT_DELAYS
 from lightrail.scenario import load_scenario, parse_scenario
 from lightrail.sim.iteration import simulate_iteration
-from lightrail.studies.rails import compare_rails, delay_sweep
-from lightrail.units import parse_time
+from lightrail.studies.rails import OCS_DELAYS, compare_rails, delay_sweep
 from lightrail.workload.program import build_program
 
 
@@ -45,18 +43,18 @@ def main() -> None:
     t_compare, c_default = timed(lambda: compare_rails(default))
     t_big, r_big = timed(lambda: one_iteration(big))
     t_big_compare, c_big = timed(lambda: compare_rails(big))
-    delays = [parse_time(d) for d in DEFAULT_DELAYS.split(",")]
+    delays = list(OCS_DELAYS)
     t_sweep, sweep = timed(lambda: delay_sweep(default, delays))
     out = {
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "numpy": np.__version__,
                     "cpus": os.cpu_count()},
         "default_2048": {"scenario": default.scenario.name, "simulate_one_iteration_s": round(t_default, 3),
                          "simulate_command_s": round(t_compare, 3), "iteration_time_s": r_default.iteration_time_s,
-                         "overhead": c_default["overhead"], "target_s": 10, "meets_target": t_default < 10},
+                         "overhead": c_default.overhead, "target_s": 10, "meets_target": t_default < 10},
         "large_16384": {"scenario": big.scenario.name, "simulate_one_iteration_s": round(t_big, 3),
                         "simulate_command_s": round(t_big_compare, 3), "iteration_time_s": r_big.iteration_time_s,
-                        "overhead": c_big["overhead"], "target_s": 60, "meets_target": t_big < 60},
-        "delay_sweep_default": {"delays": len(delays), "simulations": len(sweep["rows"]) + 1,
+                        "overhead": c_big.overhead, "target_s": 60, "meets_target": t_big < 60},
+        "delay_sweep_default": {"delays": len(delays), "simulations": len(sweep.runs) + 1,
                                 "seconds": round(t_sweep, 3), "target_s": 120, "meets_target": t_sweep < 120},
     }
     out["all_targets_met"] = all(v["meets_target"] for v in out.values() if isinstance(v, dict) and "meets_target" in v)

@@ -32,7 +32,7 @@ def main() -> None:
     out = {
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "numpy": np.__version__,
                     "cpus": os.cpu_count()},
-        "study_default_grid": {"cells": len(result["cells"]), "ops": len(grid.ops), "ranks": list(grid.ranks),
+        "study_default_grid": {"cells": len(result.cells), "ops": len(grid.ops), "ranks": list(grid.ranks),
                                "sizes": len(grid.sizes), "delays": len(grid.delays), "seconds": round(study_s, 2),
                                "target_s": 300, "meets_target": study_s < 300},
         "plan_halving_doubling_1024_all_sizes_and_delays_s": round(plan_s, 3),

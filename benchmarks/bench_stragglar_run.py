@@ -39,7 +39,7 @@ def main() -> None:
     start = time.perf_counter()
     for size in sizes:
         t0 = time.perf_counter()
-        r = measure_straggler(RANKS, size, delay_s, RANKS - 1, repeats=args.repeats)
+        r = measure_straggler(RANKS, size, delay_s, RANKS - 1, repeats=args.repeats).to_dict()
         rows.append({"size": format_size(size), "size_bytes": size, "delay_s": r["delay_s"],
                      "stragglar_s": round(r["stragglar_s"], 5), "ring_s": round(r["ring_s"], 5),
                      "native_s": round(r["native_s"], 5),

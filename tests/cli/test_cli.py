@@ -125,3 +125,89 @@ def test_sweep_restricted_to_chosen_algorithms(tmp_path):
     rows = json.loads(result.output)["rows"]
     assert [r["size_bytes"] for r in rows] == [2**20, 2**30]
     assert {r["algorithm"] for r in rows} == {"pairwise"}
+
+
+# ---- renamed flags: --ocs-delay everywhere, the old spellings hidden but still read ---------------------------
+
+STUDY = ["study", "collectives", "--ops", "allreduce", "--ranks", "8", "--sizes", "1KiB,1MiB", "--json"]
+RECONFIGURABLE = ["collective", "--algo", "recursive-doubling", "--ranks", "16", "--size", "1MiB", "--reconfigurable",
+                  "--json"]
+RENAMED = {  # verb: (its arguments given an output folder, old flag, new flag, a value)
+    "collective": (lambda out: RECONFIGURABLE, "--reconfig-delay", "--ocs-delay", "1us"),
+    "study collectives": (lambda out: [*STUDY, "--out", str(out)], "--delays", "--ocs-delays", "0,10us"),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(RENAMED))
+def test_old_flag_spelling_still_works_and_says_so(verb, tmp_path):
+    command, old, new, value = RENAMED[verb]
+    before = runner.invoke(app, [*command(tmp_path / "old"), old, value])
+    after = runner.invoke(app, [*command(tmp_path / "new"), new, value])
+    assert before.exit_code == 0 and after.exit_code == 0, before.output + after.output
+    assert json.loads(before.stdout) == json.loads(after.stdout)
+    assert f"note: {old} is now {new}" in before.stderr and "note:" not in after.stderr
+    help_text = run(*verb.split(), "--help").output
+    assert new in help_text and old not in help_text
+
+
+@pytest.mark.parametrize("verb", sorted(RENAMED))
+def test_both_spellings_at_once_exit_2_and_write_nothing(verb, tmp_path):
+    command, old, new, value = RENAMED[verb]
+    result = runner.invoke(app, [*command(tmp_path / "out"), old, value, new, value])
+    assert result.exit_code == 2 and f"error: {new}" in result.output and "given twice" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_collective_ocs_delay_defaults_to_10us():
+    out = json.loads(run(*RECONFIGURABLE).stdout)
+    assert out["reconfig_delay_s"] == pytest.approx(10e-6)
+
+
+# ---- the shared parsers: bad input exits 2 naming the flag, and nothing is written ------------------------------
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--ranks", "1"], "--ranks"),
+    (["--ranks", "x"], "--ranks"),
+    (["--ranks", "1..4"], "--ranks"),
+    (["--ranks", "16..8"], "--ranks"),
+    (["--ops", "scatter"], "--ops"),
+    (["--ops", ","], "--ops"),
+    (["--sizes", "lots"], "--sizes"),
+    (["--ocs-delays", "soon"], "--ocs-delays"),
+    (["--ocs-delays", ","], "--ocs-delays"),
+    (["--delays", "soon"], "--ocs-delays"),  # the old spelling: its value is read as the new flag's
+    (["--ports", "0"], "--ports"),
+])
+def test_study_bad_input_exits_2_naming_the_flag_and_writes_nothing(args, flag, tmp_path):
+    result = run("study", "collectives", "--ranks", "8", "--sizes", "1KiB", *args, "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2, result.output
+    assert f"error: {flag}" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_study_reads_a_range_of_rank_counts(tmp_path):
+    result = run("study", "collectives", "--ops", "allgather", "--ranks", "8..9", "--sizes", "1KiB",
+                 "--ocs-delays", "0", "--out", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["grid"]["ranks"] == [8, 9]
+
+
+def test_list_and_range_parsers():
+    from lightrail.cli.options import parse_gpu_counts, parse_rank_range, parse_sizes, parse_times
+    from lightrail.errors import ScenarioError
+
+    assert parse_sizes("1KiB..8KiB") == [1024.0, 2048.0, 4096.0, 8192.0]
+    assert parse_sizes("1GiB, 1MiB") == [2.0**20, 2.0**30]
+    assert parse_gpu_counts("256..2048") == [256, 512, 1024, 2048]
+    assert parse_gpu_counts("256..1000") == [256, 512]
+    assert parse_gpu_counts("1024,256") == [1024, 256]
+    assert parse_rank_range("2..5") == [2, 3, 4, 5] and parse_rank_range("8") == [8]
+    assert parse_times("0, 10ms,1s", "--ocs-delays") == [0.0, 0.01, 1.0]
+    for parse, text, flag in ((parse_sizes, "8KiB..1KiB", "--sizes"), (parse_sizes, "", "--sizes"),
+                              (parse_gpu_counts, "abc..1", "--gpus"), (parse_gpu_counts, "1", "--gpus"),
+                              (parse_rank_range, "2..x", "--ranks"),
+                              (lambda t: parse_times(t, "--ocs-delays"), "10", "--ocs-delays")):
+        with pytest.raises(ScenarioError) as info:
+            parse(text)
+        assert info.value.field == flag, (text, info.value)

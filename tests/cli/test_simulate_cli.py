@@ -70,9 +70,9 @@ def test_simulate_table_compares_the_two_fabrics(tmp_path):
 
 
 def test_delay_and_mode_overrides(tmp_path):
-    slow = json.loads(run("simulate", TINY, "--delay", "100ms", "--mode", "on-demand", "--out", tmp_path,
+    slow = json.loads(run("simulate", TINY, "--ocs-delay", "100ms", "--mode", "on-demand", "--out", tmp_path,
                           "--json").output)
-    fast = json.loads(run("simulate", TINY, "--delay", "0", "--out", tmp_path, "--json").output)
+    fast = json.loads(run("simulate", TINY, "--ocs-delay", "0", "--out", tmp_path, "--json").output)
     assert slow["reconfig_delay_s"] == 0.1 and slow["mode"] == "on-demand"
     assert slow["iteration_time_s"] > fast["iteration_time_s"]
     # at zero delay the photonic rail is the ideal one plus its controller round trips
@@ -82,7 +82,7 @@ def test_delay_and_mode_overrides(tmp_path):
 
 
 def test_sweep_rows_cover_every_delay_and_mode(tmp_path):
-    result = run("sweep", TINY, "--delays", "0,1ms,10ms,100ms", "--out", tmp_path, "--json")
+    result = run("sweep", TINY, "--ocs-delays", "0,1ms,10ms,100ms", "--out", tmp_path, "--json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["rows"]
     mine = [r for r in rows if r["policy"] == "lightrail"]
@@ -164,3 +164,57 @@ def test_cost_table_across_cluster_sizes():
     assert [r["electrical_tiers"] for r in rows] == sorted(r["electrical_tiers"] for r in rows)
     for bad in ("12x", "100..10", "abc..1"):
         assert run("cost", "--gpus", bad).exit_code == 2
+
+
+RENAMED = {"simulate": ("--delay", "--ocs-delay", "10ms"), "sweep": ("--delays", "--ocs-delays", "0,10ms")}
+
+
+@pytest.mark.parametrize("verb", sorted(RENAMED))
+def test_old_flag_spelling_still_works_and_says_so(verb, tmp_path):
+    old, new, value = RENAMED[verb]
+    before = run(verb, TINY, old, value, "--out", tmp_path / "old", "--json")
+    after = run(verb, TINY, new, value, "--out", tmp_path / "new", "--json")
+    assert before.exit_code == 0 and after.exit_code == 0, before.output + after.output
+    assert json.loads(before.stdout) == json.loads(after.stdout)
+    assert f"note: {old} is now {new}" in before.stderr and "note:" not in after.stderr
+    help_text = run(verb, "--help").output
+    assert new in help_text and f"{old} " not in help_text
+
+
+@pytest.mark.parametrize("verb", sorted(RENAMED))
+def test_both_spellings_at_once_exit_2_and_write_nothing(verb, tmp_path):
+    old, new, value = RENAMED[verb]
+    result = run(verb, TINY, old, value, new, value, "--out", tmp_path / "out")
+    assert result.exit_code == 2 and f"error: {new}" in result.output and "given twice" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_mode_reads_the_old_on_demand_spelling(tmp_path):
+    result = run("simulate", TINY, "--mode", "on_demand", "--out", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["mode"] == "on-demand"
+    bad = run("simulate", TINY, "--mode", "sometimes", "--out", tmp_path / "out")
+    assert bad.exit_code == 2 and "error: --mode" in bad.output and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["simulate", TINY, "--ocs-delay", "soon"], "--ocs-delay"),
+    (["simulate", TINY, "--delay", "soon"], "--ocs-delay"),  # the old spelling: its value is read as the new flag's
+    (["sweep", TINY, "--ocs-delays", "0,soon"], "--ocs-delays"),
+    (["sweep", TINY, "--ocs-delays", ","], "--ocs-delays"),
+])
+def test_bad_delays_exit_2_naming_the_flag_and_write_nothing(args, flag, tmp_path):
+    result = run(*args, "--out", tmp_path / "out")
+    assert result.exit_code == 2 and f"error: {flag}" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("gpus", ["12x", "100..10", "abc..1", "1", ",", "512..x"])
+def test_cost_bad_gpu_counts_exit_2_naming_the_flag(gpus):
+    result = run("cost", "--gpus", gpus)
+    assert result.exit_code == 2 and "error: --gpus" in result.output and "Traceback" not in result.output
+
+
+def test_cost_reads_a_comma_list_of_gpu_counts():
+    rows = json.loads(run("cost", "--gpus", "1024,256", "--json").stdout)["rows"]
+    assert [r["gpus"] for r in rows] == [1024, 256]

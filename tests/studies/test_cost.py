@@ -1,4 +1,4 @@
-"""Rail fabric cost (sim/cost.py) against counts worked out by hand, plus invariants.
+"""Rail fabric cost (studies/cost.py) against counts worked out by hand, plus invariants.
 
 Defaults (DESIGN.md): 400G transceiver 10 W / $879, 800G 16 W / $879, 64-port 400G EPS 2524 W /
 $37,299, 144-port 800G EPS 7000 W / $149,939, OCS port 75/192 W / $520 on 192-port devices.
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightrail.errors import InfeasibleError, ScenarioError
-from lightrail.studies.cost import CostFacts, compare, rail_fabric_cost
+from lightrail.studies.cost import CostFacts, compare, cost_sweep, rail_fabric_cost
 
 GPUS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 OCS_W = 75 / 192
@@ -179,6 +179,20 @@ def test_results_are_frozen_and_facts_keyword_only():
         c.power_w = 0.0
     with pytest.raises(TypeError):
         CostFacts(10.0)
+
+
+def test_cost_sweep_rows_are_the_comparisons_in_order():
+    sweep = cost_sweep([1024, 256], gpus_per_server=8, rail_speed="800Gbps")
+    assert [r["gpus"] for r in sweep.rows()] == [1024, 256]
+    for row, n in zip(sweep.rows(), (1024, 256), strict=True):
+        c = compare(n, rail_speed="800G")
+        assert row == {"gpus": n, "electrical_power_w": c.electrical.power_w, "photonic_power_w": c.photonic.power_w,
+                       "electrical_capex_usd": c.electrical.capex_usd, "photonic_capex_usd": c.photonic.capex_usd,
+                       "electrical_tiers": c.electrical.tiers, "electrical_switches": c.electrical.switches,
+                       "ocs_ports": c.photonic.ocs_ports, "power_ratio": c.power_ratio, "cost_ratio": c.cost_ratio}
+    assert sweep.to_dict() == {"rail_speed": "800Gbps", "rows": sweep.rows()}  # the speed as the caller wrote it
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sweep.rail_speed = "400G"
 
 
 def _ratio_id(n: int, speed: str) -> str:

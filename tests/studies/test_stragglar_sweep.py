@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from lightrail.cli import app
 from lightrail.collectives.stragglar import lower_bound, stragglar_allreduce
-from lightrail.fabric.builders import build_topology
-from lightrail.studies.stragglar import straggler_comparison, straggler_sweep
+from lightrail.fabric.builders import NVLINK_BANDWIDTH, build_topology
+from lightrail.studies.stragglar import fabric_sweep, straggler_comparison, straggler_sweep
 from lightrail.timing import Engine
 
 SIZE, BW, LAT, ALPHA = 2.0**26, 450e9, 1e-6, 3e-6
@@ -31,11 +31,12 @@ def _cells(result, topology, n):
 def test_every_cell_equals_the_one_case_comparison():
     delays = [0.0, 1e-4, 1e-3, 5e-3]
     kinds = ("switch", "ring", "torus2d", "rails")
-    result = straggler_sweep([8, 4], delays, SIZE, {k: _builder(k) for k in kinds}, alpha=ALPHA)
+    result = straggler_sweep([8, 4], delays, SIZE, {k: _builder(k) for k in kinds}, alpha=ALPHA).to_dict()
     assert result["ranks"] == [4, 8] and result["delays_s"] == delays and result["topologies"] == list(kinds)
     assert len(result["cells"]) == len(kinds) * 2 * len(delays) and result["skipped"] == []
     for c in result["cells"]:
-        one = straggler_comparison(c["ranks"], SIZE, c["delay_s"], _builder(c["topology"])(c["ranks"]), alpha=ALPHA)
+        one = straggler_comparison(c["ranks"], SIZE, c["delay_s"], _builder(c["topology"])(c["ranks"]),
+                                   alpha=ALPHA).to_dict()
         assert c["stragglar_s"] == pytest.approx(one["stragglar_s"], rel=1e-12)
         assert c["ring_s"] == pytest.approx(one["times_s"]["ring"], rel=1e-12)
         assert c["best_waiting_s"] == pytest.approx(one["wait_then_best_s"], rel=1e-12)
@@ -56,7 +57,7 @@ def test_on_a_switch_time_is_affine_in_the_delay_and_phase_1_hides_behind_it():
     assert 0 < phase1 < 1e-3
 
     delays = sorted(set(np.linspace(0, 4 * phase1, 39).tolist()) | {phase1, 1e-3, 5e-3, 20e-3})
-    result = straggler_sweep([n], delays, SIZE, {"switch": lambda m: topology}, alpha=ALPHA)
+    result = straggler_sweep([n], delays, SIZE, {"switch": lambda m: topology}, alpha=ALPHA).to_dict()
     cells = _cells(result, "switch", n)
     d = np.array([c["delay_s"] for c in cells])
     ours, ring = np.array([c["stragglar_s"] for c in cells]), np.array([c["ring_s"] for c in cells])
@@ -83,7 +84,7 @@ def test_after_arrival_speedup_on_a_switch_is_the_closed_form(n):
     assert lower_bound(n) == n + n.bit_length() - 3
     ring = 2 * (n - 1) * (ALPHA + 2 * LAT) + 2 * (n - 1) / n * SIZE / BW  # waits for the straggler, then all of it
     delays = [0.0, phase1 / 2, phase1, 2 * phase1, 5e-3]
-    result = straggler_sweep([n], delays, SIZE, {"switch": _builder("switch")}, alpha=ALPHA)
+    result = straggler_sweep([n], delays, SIZE, {"switch": _builder("switch")}, alpha=ALPHA).to_dict()
     for c in _cells(result, "switch", n):
         d = c["delay_s"]
         ours = max(d, phase1) + phase2
@@ -102,7 +103,7 @@ def test_after_arrival_speedup_on_a_switch_is_the_closed_form(n):
 
 def test_fabrics_that_cannot_take_n_are_skipped_with_the_reason():
     result = straggler_sweep([8, 12], [0.0, 1e-3], SIZE, {"switch": _builder("switch"), "rails": _builder("rails")},
-                             alpha=ALPHA)
+                             alpha=ALPHA).to_dict()
     assert [(s["topology"], s["ranks"]) for s in result["skipped"]] == [("rails", 12)]
     assert "servers of 8" in result["skipped"][0]["reason"]
     assert {(c["topology"], c["ranks"]) for c in result["cells"]} == {("switch", 8), ("switch", 12), ("rails", 8)}
@@ -110,8 +111,8 @@ def test_fabrics_that_cannot_take_n_are_skipped_with_the_reason():
 
 def test_the_cli_writes_the_json_and_both_plots(tmp_path):
     out_dir = tmp_path / "sweep"
-    r = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4,8,12", "--delays", "0,100us,1ms",
-                                 "--topologies", "switch,rails", "--at-delay", "1ms", "--at-ranks", "4",
+    r = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4,8,12", "--straggler-delays", "0,100us,1ms",
+                                 "--topologies", "switch,rails", "--at-straggler-delay", "1ms", "--at-ranks", "4",
                                  "--out", str(out_dir), "--json"])
     assert r.exit_code == 0, r.output
     printed = json.loads(r.output)
@@ -125,7 +126,8 @@ def test_the_cli_writes_the_json_and_both_plots(tmp_path):
     assert [(s["topology"], s["ranks"]) for s in written["skipped"]] == [("rails", 12)]
     assert len(written["cells"]) == (2 * 3 - 1) * 3
     cell = next(c for c in written["cells"] if (c["topology"], c["ranks"], c["delay_s"]) == ("switch", 8, 1e-3))
-    one = straggler_comparison(8, SIZE, 1e-3, build_topology("switch", 8, bandwidth=BW, latency=LAT), alpha=ALPHA)
+    one = straggler_comparison(8, SIZE, 1e-3, build_topology("switch", 8, bandwidth=BW, latency=LAT),
+                               alpha=ALPHA).to_dict()
     assert cell["speedup_over_ring"] == pytest.approx(one["speedup_over_ring"], rel=1e-12)
     assert cell["speedup_over_ring_after_arrival"] == pytest.approx(one["speedup_over_ring_after_arrival"],
                                                                     rel=1e-12)
@@ -133,7 +135,8 @@ def test_the_cli_writes_the_json_and_both_plots(tmp_path):
         assert {"speedup_over_ring", "speedup_over_best", "speedup_over_ring_after_arrival",
                 "speedup_over_best_after_arrival", "stragglar_s", "ring_s", "best_waiting_s"} <= c.keys()
 
-    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["stragglar", "sweep", "--ranks", "4", "--delays", "0,1ms",
+    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["stragglar", "sweep", "--ranks", "4",
+                                                           "--straggler-delays", "0,1ms",
                                                            "--topologies", "switch", "--out", str(tmp_path / "table")])
     assert table.exit_code == 0, table.output
     assert "switch" in table.output and "sweep.json" in table.output
@@ -141,18 +144,54 @@ def test_the_cli_writes_the_json_and_both_plots(tmp_path):
 
 
 @pytest.mark.parametrize("args, flag", [
-    (["--delays", "abc"], "--delays"),
-    (["--delays", "0,1ms", "--at-delay", "2ms"], "--at-delay"),
+    (["--straggler-delays", "abc"], "--straggler-delays"),
+    (["--straggler-delays", ","], "--straggler-delays"),
+    (["--straggler-delays", "0,1ms", "--at-straggler-delay", "2ms"], "--at-straggler-delay"),
+    (["--straggler-delays", "0,1ms", "--delays", "0"], "--straggler-delays"),  # both spellings at once
+    (["--at-straggler-delay", "1ms", "--at-delay", "1ms"], "--at-straggler-delay"),
     (["--topologies", "switch,nosuch"], "--topologies"),
     (["--ranks", "1"], "--ranks"),
     (["--ranks", "4,8", "--at-ranks", "16"], "--at-ranks"),
     (["--size", "64"], "--size"),
     (["--topologies", "rails", "--ranks", "12"], "--ranks"),  # every (fabric, n) skipped: nothing to plot
-], ids=["delays", "at-delay", "topologies", "ranks", "at-ranks", "size", "all-skipped"])
+], ids=["delays", "no-delay", "at-delay", "delays-twice", "at-delay-twice", "topologies", "ranks", "at-ranks",
+        "size", "all-skipped"])
 def test_bad_flags_exit_2_naming_the_flag_and_write_nothing(tmp_path, args, flag):
     out_dir = tmp_path / "out"
-    r = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4", "--delays", "0,1ms", "--out", str(out_dir),
-                                 *args])
+    r = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4", "--straggler-delays", "0,1ms",
+                                 "--out", str(out_dir), *args])
     assert r.exit_code == 2, r.output
     assert flag in r.output
     assert not out_dir.exists()
+
+
+def test_the_old_flag_spellings_still_work_with_a_note(tmp_path):
+    new = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4,8", "--straggler-delays", "0,1ms",
+                                   "--at-straggler-delay", "1ms", "--topologies", "switch",
+                                   "--out", str(tmp_path / "new"), "--json"])
+    old = CliRunner().invoke(app, ["stragglar", "sweep", "--ranks", "4,8", "--delays", "0,1ms", "--at-delay", "1ms",
+                                   "--topologies", "switch", "--out", str(tmp_path / "old"), "--json"])
+    assert new.exit_code == 0 and old.exit_code == 0, old.output
+    assert json.loads(old.stdout) == json.loads(new.stdout)
+    assert "note: --delays is now --straggler-delays" in old.stderr
+    assert "note: --at-delay is now --at-straggler-delay" in old.stderr
+    assert "note:" not in new.stderr
+    help_text = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["stragglar", "sweep", "--help"]).output
+    assert "--straggler-delays" in help_text and "--at-delay" not in help_text and "--delays" not in help_text
+
+
+def test_fabric_sweep_picks_the_slices_and_its_rows_are_the_table():
+    result = fabric_sweep([4, 8, 16], [0.0, 250e-6, 1e-3], SIZE, ["switch", "switch", "ring"], bandwidth=BW,
+                          latency=LAT, alpha=ALPHA)
+    assert result.topologies == ("switch", "ring")
+    assert (result.settings.at_delay_s, result.settings.at_ranks) == (250e-6, 8)  # the defaults
+    assert [(c.topology, c.ranks) for c in result.rows()] == [(t, n) for t in ("switch", "ring") for n in (4, 8, 16)]
+    assert all(c.delay_s == 250e-6 for c in result.rows())
+    as_dict = result.to_dict()
+    assert as_dict["settings"] == {"bandwidth_Bps": BW, "latency_s": LAT, "gpus_per_server": 8,
+                                   "nvlink_bandwidth_Bps": NVLINK_BANDWIDTH, "hosts_per_leaf": 32,
+                                   "at_delay_s": 250e-6, "at_ranks": 8}
+    assert json.loads(json.dumps(as_dict)) == as_dict  # plain JSON: lists, not tuples
+    picked = fabric_sweep([4, 16], [0.0, 1e-3], SIZE, ["switch"], bandwidth=BW, latency=LAT,
+                          at_delay=1e-3 * (1 + 1e-12))
+    assert (picked.settings.at_delay_s, picked.settings.at_ranks) == (1e-3, 4)

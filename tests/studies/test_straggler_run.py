@@ -37,14 +37,14 @@ def _check(result: dict, repeats: int) -> None:
 
 def test_measure_matches_all_reduce_and_waits_for_the_straggler():
     # 1003 float32 elements: not a multiple of 4 ranks nor of StragglAR's 3 chunks
-    result = measure_straggler(4, 4 * 1003 + 3, DELAY, 1, repeats=2)
+    result = measure_straggler(4, 4 * 1003 + 3, DELAY, 1, repeats=2).to_dict()
     _check(result, 2)
     assert (result["ranks"], result["straggler"], result["size_bytes"]) == (4, 1, 4015)
 
 
 def test_cli_json_runs_three_ranks_with_rank_0_late():
     result = runner.invoke(app, ["stragglar", "run", "--ranks", "3", "--straggler", "0", "--size", "4099B",
-                                 "--delay", "20ms", "--repeats", "2", "--json"])
+                                 "--straggler-delay", "20ms", "--repeats", "2", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     _check(out, 2)
@@ -64,8 +64,10 @@ def no_launch(monkeypatch):
     (["--straggler", "-1"], "--straggler"),
     (["--size", "0"], "--size"),
     (["--size", "2B"], "--size"),
-    (["--delay", "-1ms"], "--delay"),
-    (["--delay", "abc"], "--delay"),
+    (["--straggler-delay", "-1ms"], "--straggler-delay"),
+    (["--straggler-delay", "abc"], "--straggler-delay"),
+    (["--delay", "abc"], "--straggler-delay"),  # the old spelling: its value is read as the new flag's
+    (["--delay", "1ms", "--straggler-delay", "2ms"], "--straggler-delay"),  # both spellings at once
     (["--ranks", "1"], "--ranks"),
     (["--repeats", "0"], "--repeats"),
 ])
@@ -80,7 +82,7 @@ def test_cli_bad_input_exits_2_naming_the_flag(no_launch, args, flag):
     ({"n": 1, "straggler": 0}, "--ranks"),
     ({"straggler": 4}, "--straggler"),
     ({"size_bytes": 3}, "--size"),
-    ({"delay_s": float("nan")}, "--delay"),
+    ({"delay_s": float("nan")}, "--straggler-delay"),
     ({"repeats": 0}, "--repeats"),
 ])
 def test_measure_rejects_bad_input_before_launching(no_launch, kwargs, field):
@@ -88,3 +90,18 @@ def test_measure_rejects_bad_input_before_launching(no_launch, kwargs, field):
     with pytest.raises(ScenarioError) as info:
         measure_straggler(**args)
     assert info.value.field == field and info.value.fix
+
+
+def test_the_old_delay_spelling_still_works_with_a_note(monkeypatch):
+    def fake(_main, n, elements, delay_s, straggler, repeats, warmup, schedules, threads):
+        return [{"elapsed": {m: [delay_s] * repeats for m in METHODS},
+                 "correct": dict.fromkeys(METHODS, True), "max_abs_error": dict.fromkeys(METHODS, 0.0)}] * n
+
+    monkeypatch.setattr(straggler_run, "run_processes", fake)
+    old = runner.invoke(app, ["stragglar", "run", "--ranks", "2", "--delay", "20ms", "--repeats", "1", "--json"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["delay_s"] == pytest.approx(DELAY)
+    assert "note: --delay is now --straggler-delay" in old.stderr
+    new = runner.invoke(app, ["stragglar", "run", "--ranks", "2", "--straggler-delay", "20ms", "--repeats", "1",
+                              "--json"])
+    assert json.loads(new.stdout) == json.loads(old.stdout) and "note:" not in new.stderr

@@ -21,8 +21,35 @@ out = Console()
 err = Console(stderr=True)
 
 
-_FLAGS = {"algo": "--algo", "op": "--op", "ranks": "--ranks", "root": "--root", "shape": "--shape",
-          "oversubscription": "--oversubscription"}
+def current_context():
+    """The running command's context, or None.
+
+    Typer 0.2x runs on its own copy of click (``typer._click``), whose context click's
+    ``get_current_context`` cannot see; older Typer runs on click itself."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    return get_current_context(silent=True)
+
+
+def given_on_command_line(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was typed (not left at its default)."""
+    ctx = current_context()
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _flag(field: str | None) -> str | None:
+    """The flag that sets a library argument: errors from the library name its arguments (``algo``,
+    ``ranks``); when the running command has an option of that name, show the option (``--algo``)."""
+    ctx = current_context()
+    if ctx is None or not field or field.startswith("-"):
+        return field
+    for param in ctx.command.params:
+        if param.name == field and param.param_type_name == "option":
+            return max(param.opts, key=len)
+    return field
 
 
 def friendly(fn):
@@ -33,8 +60,7 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except LightrailError as e:
-            if e.field in _FLAGS:  # errors from the library name its arguments; show the flag instead
-                e.field = _FLAGS[e.field]
+            e.field = _flag(e.field)
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 

@@ -1,23 +1,27 @@
-"""Options and parsers shared by the verbs: units, lists and ranges, the fabric, the scenario."""
+"""Options and parsers shared by the verbs: units, lists and ranges, the fabric, the scenario.
+
+Every parser names the flag it reads in its errors, so a bad value exits 2 saying which flag to fix.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-import click
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lightrail.cli.app import err
+from lightrail.cli.app import err, given_on_command_line
 from lightrail.collectives import Kind
 from lightrail.control.plan import Mode
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import TOPOLOGIES, build_topology
-from lightrail.units import format_time, parse_rate, parse_size, parse_time
+from lightrail.fabric.params import ReconfigurableFabric
+from lightrail.units import parse_rate, parse_size, parse_time
 
 Op = Annotated[str, typer.Option("--op", help="Collective: " + ", ".join(k.value for k in Kind) + ".")]
 Ranks = Annotated[int, typer.Option("--ranks", "-n", help="Number of ranks (GPUs), 2 or more.")]
@@ -31,6 +35,9 @@ GpusPerServer = Annotated[int, typer.Option("--gpus-per-server",
 NvlinkBandwidth = Annotated[str, typer.Option("--nvlink-bandwidth", help="NVLink rate per GPU per direction (rails).")]
 HostsPerLeaf = Annotated[int, typer.Option("--hosts-per-leaf", help="GPUs per leaf switch (fat-tree).")]
 Oversubscription = Annotated[float, typer.Option("--oversubscription", help="Leaf down:up capacity ratio (fat-tree).")]
+Sizes = Annotated[str, typer.Option("--sizes", help="1KiB..4GiB (powers of two) or a comma list.")]
+Ports = Annotated[int, typer.Option("--ports", help="Optical ports per GPU (reconfigurable fabric).")]
+Propagation = Annotated[str, typer.Option("--propagation", help="Fibre delay per circuit hop.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 OcsDelay = Annotated[str, typer.Option("--ocs-delay", help="OCS (circuit switch) reconfiguration delay, e.g. 10ms.")]
 OcsDelays = Annotated[str, typer.Option("--ocs-delays", help="Comma list of OCS reconfiguration delays.")]
@@ -49,12 +56,98 @@ def renamed(value, old_value, *, old: str, new: str):
     Give the old spelling a ``None`` default (:func:`old_spelling`); both on one command line is an error."""
     if old_value is None:
         return value
-    ctx = click.get_current_context(silent=True)
-    name = new.lstrip("-").replace("-", "_")
-    if ctx is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+    if given_on_command_line(new.lstrip("-").replace("-", "_")):
         raise ScenarioError(f"{old} and {new} are one flag, given twice", field=new, fix=f"drop {old}")
     err.print(f"note: {old} is now {new}", highlight=False)
     return old_value
+
+
+# ---- numbers, lists and ranges ------------------------------------------------------------------------------
+
+T = TypeVar("T", int, float)
+
+
+def check_ranks(n: int, *, field: str = "--ranks") -> int:
+    """The one rank-count check: a collective needs two ranks or more."""
+    if n < 2:
+        raise ScenarioError(f"{n} ranks is too few", field=field, fix="use 2 or more ranks")
+    return n
+
+
+def _list_or_range(text: str, read: Callable[[str], T], *, field: str, fix: str, doubling: bool) -> list[T]:
+    """``lo..hi`` or a comma list, each item read by ``read``; a range steps by one, or doubles from ``lo``."""
+    if ".." in text:
+        lo, hi = (read(x.strip()) for x in text.split("..", 1))
+        if not 0 < lo <= hi:
+            raise ScenarioError(f"{text!r} is not an increasing range", field=field, fix=fix)
+        if doubling:
+            return [lo * 2**k for k in range(int(math.floor(math.log2(hi / lo) + 1e-9)) + 1)]
+        return list(range(lo, hi + 1))
+    values = [read(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise ScenarioError(f"{text!r} lists nothing", field=field, fix=fix)
+    return values
+
+
+def _whole(field: str, what: str, fix: str) -> Callable[[str], int]:
+    def read(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ScenarioError(f"cannot read {text!r} as {what}", field=field, fix=fix) from None
+
+    return read
+
+
+def parse_rank_range(text: str, *, field: str = "--ranks") -> list[int]:
+    """Rank counts: ``8``, ``2..64`` (every count in between) or ``4,8,16``; each 2 or more."""
+    fix = "e.g. 8, 2..64 or 4,8,16"
+    ranks = _list_or_range(text, _whole(field, "a rank count", fix), field=field, fix=fix, doubling=False)
+    for n in ranks:
+        check_ranks(n, field=field)
+    return ranks
+
+
+def parse_gpu_counts(text: str, *, field: str = "--gpus") -> list[int]:
+    """Cluster sizes: ``256..16384`` (powers of two times 256) or ``1024,2048``."""
+    fix = "e.g. 256..16384 or 1024,2048"
+    counts = _list_or_range(text, _whole(field, "a GPU count", fix), field=field, fix=fix, doubling=True)
+    if min(counts) < 2:
+        raise ScenarioError(f"{text!r}: a cluster needs 2 GPUs or more", field=field, fix=fix)
+    return counts
+
+
+def parse_sizes(text: str, *, field: str = "--sizes") -> list[float]:
+    """``1KiB..4GiB`` (powers of two in between) or a comma list ``1MiB,64MiB``, smallest first."""
+    fix = "write e.g. 1KiB..4GiB or 1MiB,1GiB"
+    sizes = _list_or_range(text, lambda s: parse_size(s, field=field), field=field, fix=fix, doubling=True)
+    if min(sizes) <= 0:
+        raise ScenarioError(f"{text!r} lists no positive size", field=field, fix=fix)
+    return sorted(sizes)
+
+
+def parse_times(text: str, field: str) -> list[float]:
+    """A comma list of times, ``0,10ms,1s``, in the order given."""
+    times = [parse_time(t, field=field) for t in text.split(",") if t.strip()]
+    if not times:
+        raise ScenarioError(f"{text!r} lists no time", field=field, fix="e.g. 0,10ms,100ms")
+    return times
+
+
+def parse_kind(text: str, *, field: str = "--op") -> Kind:
+    """A collective's name; case, ``-`` and ``_`` do not matter (``all-reduce`` is ``allreduce``)."""
+    try:
+        return Kind(text.lower().replace("-", "").replace("_", ""))
+    except ValueError:
+        raise ScenarioError(f"unknown collective {text!r}", field=field,
+                            fix="use one of " + ", ".join(k.value for k in Kind)) from None
+
+
+def parse_kinds(text: str, *, field: str = "--ops") -> list[Kind]:
+    kinds = [parse_kind(o.strip(), field=field) for o in text.split(",") if o.strip()]
+    if not kinds:
+        raise ScenarioError(f"{text!r} lists no collective", field=field, fix="e.g. allreduce,alltoall")
+    return kinds
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -70,10 +163,12 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return sides
 
 
+# ---- fabrics and scenarios ----------------------------------------------------------------------------------
+
 def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape: str | None, gpus_per_server: int,
-            nvlink_bandwidth: str, hosts_per_leaf: int, oversubscription: float):
-    if ranks < 2:
-        raise ScenarioError(f"{ranks} ranks is too few", field="--ranks", fix="use 2 or more ranks")
+                 nvlink_bandwidth: str, hosts_per_leaf: int, oversubscription: float):
+    """A static fabric from the shared fabric flags."""
+    check_ranks(ranks)
     if gpus_per_server < 1 or hosts_per_leaf < 1:
         field = "--gpus-per-server" if gpus_per_server < 1 else "--hosts-per-leaf"
         raise ScenarioError("must be at least 1", field=field)
@@ -84,74 +179,46 @@ def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape:
                           hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
 
 
-def parse_sizes(text: str) -> list[float]:
-    """``1KiB..4GiB`` (powers of two in between) or a comma list ``1MiB,64MiB``."""
-    if ".." in text:
-        lo_text, hi_text = text.split("..", 1)
-        lo, hi = parse_size(lo_text, field="--sizes"), parse_size(hi_text, field="--sizes")
-        if not 0 < lo <= hi:
-            raise ScenarioError(f"{text!r} is not an increasing range", field="--sizes",
-                                fix="write e.g. 1KiB..4GiB")
-        return [lo * 2**k for k in range(int(math.floor(math.log2(hi / lo) + 1e-9)) + 1)]
-    sizes = [parse_size(s, field="--sizes") for s in text.split(",") if s.strip()]
-    if not sizes or min(sizes) <= 0:
-        raise ScenarioError(f"{text!r} lists no positive size", field="--sizes",
-                            fix="write e.g. 1KiB..4GiB or 1MiB,1GiB")
-    return sorted(sizes)
-
-
-def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+def build_reconfigurable_fabric(ranks: int, *, ports: int, base: str, bandwidth: str, latency: str, alpha: str,
+                                propagation: str, ocs_delay: str) -> ReconfigurableFabric:
+    """A circuit fabric (``ports`` optical ports per GPU over a static ``base``) from the flags."""
+    delay = parse_time(ocs_delay, field="--ocs-delay")
+    return ReconfigurableFabric(n=check_ranks(ranks), ports=ports, base=base,
+                                bandwidth=parse_rate(bandwidth, field="--bandwidth"),
+                                latency=parse_time(latency, field="--latency"),
+                                propagation=parse_time(propagation, field="--propagation"), reconfig_delay=delay,
+                                alpha=parse_time(alpha, field="--alpha"))
 
 
 Scenario = Annotated[Path | None, typer.Argument(help="Scenario file (.yaml/.json); default: the embedded "
                                                       "Llama-3 70B on 2,048 H200 scenario.", show_default=False)]
-Delay = Annotated[str | None, typer.Option("--delay", help="Override the OCS reconfiguration delay, e.g. 25ms.")]
+OcsDelayOverride = Annotated[str | None, typer.Option("--ocs-delay", help="Override the scenario's OCS "
+                                                      "reconfiguration delay, e.g. 25ms.")]
 ModeOpt = Annotated[str | None, typer.Option("--mode", help="Override the OCS mode: on-demand or provisioned.")]
 
 
-def built_scenario(scenario: Path | None, delay: str | None = None, mode: str | None = None):
+def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: str | None = None):
+    """Load and build a scenario file (None: the embedded default), then apply --ocs-delay and --mode."""
     from dataclasses import replace
 
     from lightrail.scenario import load_scenario
 
     loaded, base = load_scenario(scenario)
     built = loaded.build(base)
-    if delay is not None:
-        built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(delay, field="--delay")))
+    if ocs_delay is not None:
+        built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(ocs_delay, field="--ocs-delay")))
     if mode is not None:
         built = replace(built, params=replace(built.params, mode=Mode.parse(mode, field="--mode")))
     return built
 
 
-def signed_time(seconds: float) -> str:
-    if abs(seconds) < 5e-10:
-        return "0"
-    return ("-" if seconds < 0 else "+") + format_time(abs(seconds))
+# ---- output to the terminal ---------------------------------------------------------------------------------
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
 def progress_bar(total: int, label: str, quiet: bool):
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True, disable=quiet or not err.is_terminal)
     return progress, progress.add_task(label, total=total)
-
-
-def parse_rank_range(text: str) -> list[int]:
-    try:
-        if ".." in text:
-            lo, hi = (int(x) for x in text.split("..", 1))
-            ranks = list(range(lo, hi + 1))
-        else:
-            ranks = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ScenarioError(f"cannot read {text!r} as rank counts", field="--ranks",
-                            fix="e.g. 8, 2..64 or 4,8,16") from None
-    if not ranks or min(ranks) < 2:
-        raise ScenarioError(f"{text!r}: rank counts must be 2 or more", field="--ranks", fix="e.g. 2..64")
-    return ranks
-
-
-def parse_kind(op: str) -> Kind:
-    from lightrail.collectives.registry import _parse_kind
-
-    return _parse_kind(op)

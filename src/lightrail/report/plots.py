@@ -154,7 +154,7 @@ def plot_speedup_heatmaps(op: str, ranks: Sequence[int], sizes: Sequence[float],
 
 def plot_straggler_run(rows: Sequence[dict], path: Path, title: str) -> Path:
     """Measured time to finish per AllReduce method against size (log-log), and StragglAR's speedup
-    over gloo's native AllReduce and over lightrail's Ring (rows from ``measure_straggler``)."""
+    over gloo's native AllReduce and over lightrail's Ring (rows as ``StragglerRun.to_dict()`` gives them)."""
     rows = sorted(rows, key=lambda r: r["size_bytes"])
     sizes = [r["size_bytes"] for r in rows]
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -229,7 +229,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     """StragglAR's speedup over Ring (solid) and over "wait, then the best algorithm" (dotted, same
     colour) per fabric: against the rank count at one delay, and against the delay at one rank count.
 
-    ``result`` is :func:`lightrail.studies.collective.straggler_sweep`'s output; ``at_delay`` defaults
+    ``result`` is :meth:`lightrail.studies.stragglar.StragglerSweep.to_dict`'s output; ``at_delay`` defaults
     to its largest delay and ``at_ranks`` to 8 if swept, else its smallest rank count. Time is affine
     in the delay, so the curves against it are drawn exactly from ``result["profiles"]`` between the
     swept delays (marked), peaks at D = StragglAR's phase 1 included.
@@ -297,11 +297,12 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     return Path(path_vs_ranks), Path(path_vs_delay)
 
 
-def plot_train_demo(result: dict, path: Path, *, title: str) -> Path:
-    """Per-iteration time of the demo job on plain gloo and on emulated photonic rails."""
+def plot_train_demo(result, path: Path, *, title: str) -> Path:
+    """Per-iteration time of the demo job (a ``studies.photonic_demo.PhotonicDemoResult``) on plain gloo
+    and on emulated photonic rails."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("gloo_iteration_series_s", "gloo"), ("lightrail_iteration_series_s", "lightrail backend")):
-        series = result[key]
+    for series, label in ((result.gloo_iteration_series_s, "gloo"),
+                          (result.lightrail_iteration_series_s, "lightrail backend")):
         ax.plot(range(len(series)), [t * 1e3 for t in series], marker="o", ms=3, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("iteration time, slowest rank (ms)")

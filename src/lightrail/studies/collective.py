@@ -10,11 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from lightrail.collectives import Kind, algorithms, bus_factor, get, verify
+from lightrail.control.pccl import Planner
 from lightrail.errors import UnsupportedError
+from lightrail.fabric.params import ReconfigurableFabric
 from lightrail.fabric.topology import Topology
 from lightrail.timing import Engine
 
-__all__ = ["CollectiveResult", "evaluate", "sweep", "generator_params"]
+__all__ = ["CollectiveResult", "CollectiveSweep", "ReconfigurableResult", "evaluate", "sweep", "collective_sweep",
+           "reconfigurable_collective", "generator_params"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,110 @@ def sweep(op: str | Kind, n: int, sizes: Sequence[float], topology: Topology, *,
         if progress:
             progress(algo.name)
     return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveSweep:
+    """Every algorithm of one op at every size on one fabric, and the fastest per size.
+
+    ``bandwidth_Bps`` and ``latency_s`` echo the settings the fabric was built from (a fabric with
+    NVLink and NIC links has no single rate to read back)."""
+
+    op: str
+    ranks: int
+    topology: str
+    sizes: tuple[float, ...]
+    bandwidth_Bps: float
+    latency_s: float
+    alpha_s: float
+    results: tuple[CollectiveResult, ...]
+
+    @property
+    def algorithms(self) -> list[str]:
+        """Algorithm names in the order they were run."""
+        return list(dict.fromkeys(r.algorithm for r in self.results))
+
+    def times(self, size: float) -> dict[str, float]:
+        """Seconds per algorithm at one size."""
+        return {r.algorithm: r.time_s for r in self.results if r.size_bytes == size}
+
+    def best(self) -> dict[float, CollectiveResult]:
+        """The fastest algorithm per size, smallest size first; ties go to the algorithm run first."""
+        best: dict[float, CollectiveResult] = {}
+        for r in self.results:
+            if r.size_bytes not in best or r.time_s < best[r.size_bytes].time_s:
+                best[r.size_bytes] = r
+        return dict(sorted(best.items()))
+
+    def rows(self) -> list[dict]:
+        return [r.to_dict() for r in self.results]
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "ranks": self.ranks, "topology": self.topology,
+                "settings": {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s,
+                             "alpha_s": self.alpha_s},
+                "best": [{"size_bytes": s, "algorithm": r.algorithm, "time_s": r.time_s}
+                         for s, r in self.best().items()],
+                "rows": self.rows()}
+
+
+def collective_sweep(op: str | Kind, n: int, sizes: Sequence[float], topology: Topology, *, bandwidth: float,
+                     latency: float, alpha: float = 0.0, names: Sequence[str] | None = None,
+                     progress: Callable[[str], None] | None = None, **params) -> CollectiveSweep:
+    """:func:`sweep`, with the settings and the best algorithm per size (``bandwidth``/``latency`` are recorded)."""
+    results = sweep(op, n, sizes, topology, alpha=alpha, names=names, progress=progress, **params)
+    return CollectiveSweep(op=str(results[0].op), ranks=n, topology=topology.name, sizes=tuple(sizes),
+                           bandwidth_Bps=bandwidth, latency_s=latency, alpha_s=alpha, results=tuple(results))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconfigurableResult:
+    """One collective planned exactly on a reconfigurable fabric, against its initial circuits and the
+    threshold heuristic; ``plan`` is one entry per step (stay or reconfigure, configuration, time)."""
+
+    op: str
+    algorithm: str
+    schedule: str
+    ranks: int
+    size_bytes: float
+    topology: str
+    ports: int
+    time_s: float
+    static_time_s: float
+    threshold_time_s: float
+    steps: int
+    algbw_Bps: float
+    busbw_Bps: float
+    verified: bool
+    verification: str
+    reconfig_delay_s: float
+    reconfigurations: int
+    exact: bool
+    plan: tuple[dict, ...]
+
+    def rows(self) -> list[dict]:
+        return [dict(step) for step in self.plan]
+
+    def to_dict(self) -> dict:
+        keys = ("op", "algorithm", "schedule", "ranks", "size_bytes", "topology", "time_s", "static_time_s",
+                "threshold_time_s", "steps", "algbw_Bps", "busbw_Bps", "verified", "verification",
+                "reconfig_delay_s", "reconfigurations", "exact")
+        return {**{k: getattr(self, k) for k in keys}, "plan": self.rows()}
+
+
+def reconfigurable_collective(op: str | Kind, algorithm: str, size: float, fabric: ReconfigurableFabric,
+                              **params) -> ReconfigurableResult:
+    """Generate and verify ``algorithm`` on ``fabric.n`` ranks, and plan it exactly on ``fabric`` (PCCL-style)."""
+    algo = get(op, algorithm)
+    schedule = algo(fabric.n, **generator_params(algo.kind, algo.name, params))
+    proof = verify(schedule)
+    planner = Planner(schedule, fabric)
+    plan, static, greedy = planner.plan(size), planner.plan_static(size), planner.plan_threshold(size)
+    algbw = size / plan.total_s
+    return ReconfigurableResult(
+        op=str(algo.kind), algorithm=algo.name, schedule=schedule.name, ranks=fabric.n, size_bytes=size,
+        topology=f"reconfigurable(ports={fabric.ports},base={fabric.base})", ports=fabric.ports,
+        time_s=plan.total_s, static_time_s=static.total_s, threshold_time_s=greedy.total_s, steps=schedule.nsteps,
+        algbw_Bps=algbw, busbw_Bps=algbw * bus_factor(algo.kind, fabric.n), verified=True,
+        verification=proof.method, reconfig_delay_s=fabric.reconfig_delay, reconfigurations=plan.reconfigurations,
+        exact=planner.exact, plan=tuple(plan.to_dict()["plan"]))

@@ -10,17 +10,19 @@ statements the short-circuiting and PCCL papers make from the model alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lightrail.collectives import algorithms
 from lightrail.control.pccl import Planner
+from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, switch, torus
 from lightrail.fabric.params import ReconfigurableFabric
 from lightrail.timing import Engine
 
-__all__ = ["StudyGrid", "collective_study", "EXCLUDED"]
+__all__ = ["StudyGrid", "CollectiveStudy", "collective_study", "EXCLUDED"]
 
 EXCLUDED = {("allreduce", "direct"): 256, ("alltoall", "pairwise"): 256, ("allreduce", "stragglar"): 0}
 """(op, algorithm) -> largest n studied. Direct and pairwise: n-1 circuits per GPU never fit the ports,
@@ -42,6 +44,71 @@ class StudyGrid:
     alpha: float = 3e-6
     states: dict = field(default_factory=lambda: {"max_states": 16})
 
+    def __post_init__(self):
+        if not self.ranks or min(self.ranks) < 2:
+            raise ScenarioError(f"rank counts {list(self.ranks)}: each must be 2 or more", field="ranks",
+                                fix="e.g. 8,64,1024")
+        if self.ports < 1:
+            raise ScenarioError(f"{self.ports} ports", field="ports", fix="use 1 or more")
+
+    def to_dict(self) -> dict:
+        return {"ops": list(self.ops), "ranks": list(self.ranks), "sizes": list(self.sizes),
+                "delays": list(self.delays), "ports": self.ports, "alpha_s": self.alpha, "latency_s": self.latency,
+                "propagation_s": self.propagation, "bandwidth_Bps": self.bandwidth}
+
+
+CSV_COLUMNS = ("op", "ranks", "size_bytes", "delay_s", "static_ring", "static_ring_s", "static_torus",
+               "static_torus_s", "switch", "switch_s", "reconfigurable", "reconfigurable_s", "reconfigurations",
+               "speedup_vs_static_ring", "speedup_vs_best_static")
+"""Columns of :meth:`CollectiveStudy.rows`, one flat row per cell."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveStudy:
+    """The study's cells (one per op, n, size, delay), what it left out, and its findings.
+
+    ``tables`` keeps, per (op, n), every algorithm's time on each static fabric (vector over sizes) and
+    on the reconfigurable one ((times, reconfigurations), each delays x sizes)."""
+
+    grid: StudyGrid
+    excluded: tuple[dict, ...]
+    cells: tuple[dict, ...]
+    findings: tuple[dict, ...]
+    tables: dict = field(repr=False, compare=False)
+
+    def speedups(self, op: str) -> dict[int, np.ndarray]:
+        """Per rank count, the best reconfigurable time's speedup over the best algorithm on the static
+        ring, as an array (delays x sizes)."""
+        out = {}
+        for n in self.grid.ranks:
+            t = self.tables[(op, n)]
+            best_ring = np.min(list(t["static"]["ring"].values()), axis=0)
+            best_reconf = np.min([v[0] for v in t["reconfigurable"].values()], axis=0)
+            out[n] = best_ring[None, :] / best_reconf
+        return out
+
+    def best_cells(self) -> list[dict]:
+        """Per (op, n), in grid order, the cell where reconfiguring gains the most over the static ring."""
+        return [max((c for c in self.cells if c["op"] == op and c["ranks"] == n),
+                    key=lambda c: c["speedup_vs_static_ring"])
+                for op in self.grid.ops for n in self.grid.ranks]
+
+    def rows(self) -> list[dict]:
+        """One flat row per cell, keyed by :data:`CSV_COLUMNS`."""
+        out = []
+        for c in self.cells:
+            st, rc = c["best_static"], c["best_reconfigurable"]
+            out.append(dict(zip(CSV_COLUMNS, (
+                c["op"], c["ranks"], c["size_bytes"], c["delay_s"], st["ring"]["algorithm"], st["ring"]["time_s"],
+                st["torus"]["algorithm"], st["torus"]["time_s"], st["switch"]["algorithm"], st["switch"]["time_s"],
+                rc["algorithm"], rc["time_s"], rc["reconfigurations"], c["speedup_vs_static_ring"],
+                c["speedup_vs_best_static"]), strict=True)))
+        return out
+
+    def to_dict(self) -> dict:
+        return {"grid": self.grid.to_dict(), **deepcopy({"excluded": list(self.excluded), "cells": list(self.cells),
+                                                         "findings": list(self.findings)})}
+
 
 def _static_times(engine: Engine, schedule, sizes: np.ndarray, alpha: float) -> np.ndarray:
     """Total time of ``schedule`` for every size (vector), reusing the step models of identical steps."""
@@ -57,8 +124,9 @@ def _static_times(engine: Engine, schedule, sizes: np.ndarray, alpha: float) -> 
     return total
 
 
-def collective_study(grid: StudyGrid = StudyGrid(), *, progress: Callable[[str], None] | None = None) -> dict:
-    """Run the grid; returns cells, per-(op, n) tables and the derived findings (JSON-ready)."""
+def collective_study(grid: StudyGrid = StudyGrid(), *,
+                     progress: Callable[[str], None] | None = None) -> CollectiveStudy:
+    """Run the grid: cells, per-(op, n) tables and the derived findings."""
     sizes, delays = np.array(grid.sizes), np.array(grid.delays)
     cells, tables, excluded = [], {}, []
     for op in grid.ops:
@@ -99,10 +167,8 @@ def collective_study(grid: StudyGrid = StudyGrid(), *, progress: Callable[[str],
                     })
             if progress:
                 progress(f"{op} n={n}")
-    return {"grid": {"ops": list(grid.ops), "ranks": list(grid.ranks), "sizes": list(grid.sizes),
-                     "delays": list(grid.delays), "ports": grid.ports, "alpha_s": grid.alpha,
-                     "latency_s": grid.latency, "propagation_s": grid.propagation, "bandwidth_Bps": grid.bandwidth},
-            "excluded": excluded, "cells": cells, "findings": _findings(grid, tables), "_tables": tables}
+    return CollectiveStudy(grid=grid, excluded=tuple(excluded), cells=tuple(cells),
+                           findings=tuple(_findings(grid, tables)), tables=tables)
 
 
 def _findings(grid: StudyGrid, tables: dict) -> list[dict]:

@@ -52,13 +52,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.units import parse_rate
 
-__all__ = ["CostFacts", "FabricCost", "CostComparison", "rail_fabric_cost", "compare", "RAIL_SPEEDS", "KINDS"]
+__all__ = ["CostFacts", "FabricCost", "CostComparison", "CostSweep", "rail_fabric_cost", "compare", "cost_sweep",
+           "RAIL_SPEEDS", "KINDS"]
 
 RAIL_SPEEDS = ("400G", "800G")
 KINDS = ("electrical", "photonic")
@@ -364,6 +366,34 @@ def compare(num_gpus: int, **same) -> CostComparison:
     return CostComparison(electrical=electrical, photonic=photonic,
                           power_ratio=_ratio(electrical.power_w, photonic.power_w),
                           cost_ratio=_ratio(electrical.capex_usd, photonic.capex_usd))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostSweep:
+    """Electrical against photonic rails across cluster sizes (one :class:`CostComparison` per size)."""
+
+    rail_speed: str
+    """As the caller wrote it (``400G``, ``400Gbps``); each comparison holds the normalised speed."""
+    gpus_per_server: int
+    comparisons: tuple[CostComparison, ...]
+
+    def rows(self) -> list[dict]:
+        return [{"gpus": c.electrical.num_gpus, "electrical_power_w": c.electrical.power_w,
+                 "photonic_power_w": c.photonic.power_w, "electrical_capex_usd": c.electrical.capex_usd,
+                 "photonic_capex_usd": c.photonic.capex_usd, "electrical_tiers": c.electrical.tiers,
+                 "electrical_switches": c.electrical.switches, "ocs_ports": c.photonic.ocs_ports,
+                 "power_ratio": c.power_ratio, "cost_ratio": c.cost_ratio} for c in self.comparisons]
+
+    def to_dict(self) -> dict:
+        return {"rail_speed": self.rail_speed, "rows": self.rows()}
+
+
+def cost_sweep(gpu_counts: Iterable[int], *, gpus_per_server: int = 8, rail_speed: str = "400G",
+               facts: CostFacts | None = None) -> CostSweep:
+    """:func:`compare` at every cluster size in ``gpu_counts``."""
+    return CostSweep(rail_speed=rail_speed, gpus_per_server=gpus_per_server,
+                     comparisons=tuple(compare(n, gpus_per_server=gpus_per_server, rail_speed=rail_speed, facts=facts)
+                                       for n in gpu_counts))
 
 
 def _ratio(a: float, b: float) -> float:

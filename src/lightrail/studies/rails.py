@@ -4,16 +4,23 @@ power and cost, and the reconfiguration-delay sweep. Pure functions over a built
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from copy import deepcopy
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 from lightrail.control.opus import KNOBS, ORIGINAL, OpusParams, OpusPlanner
 from lightrail.control.plan import Mode
 from lightrail.fabric.params import RailFabric
 from lightrail.sim.iteration import IterationResult, OpDurations, simulate_iteration
+from lightrail.sim.trace import chrome_trace
 from lightrail.studies.cost import compare
 from lightrail.workload.program import build_program
 
-__all__ = ["ABLATION", "BREAKDOWN", "JobRuns", "compare_rails", "delay_sweep", "overhead_breakdown"]
+if TYPE_CHECKING:
+    from lightrail.scenario import Built
+
+__all__ = ["ABLATION", "BREAKDOWN", "OCS_DELAYS", "JobRuns", "PolicyRun", "DelayRun", "RailsComparison", "DelaySweep",
+           "compare_rails", "delay_sweep", "overhead_breakdown"]
 
 _KNOB_LABELS = {"skip_present": "+ skip if present", "partial": "+ partial reconfiguration",
                 "split_pp": "+ split pipeline rails", "defer_dp": "+ deferred DP buckets", "leases": "+ leases"}
@@ -25,6 +32,10 @@ BREAKDOWN = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"),
              ("lost_overlap_s", "lost overlap"))
 """Parts of the photonic overhead (``overhead_breakdown``) and their labels, summing to photonic minus
 electrical time."""
+
+
+OCS_DELAYS = (0.0, 10e-3, 50e-3, 100e-3, 250e-3, 500e-3, 750e-3, 1.0)
+"""The OCS delays Opus sweeps (DESIGN.md "Defaults"), seconds: the delay sweep's default."""
 
 
 class JobRuns:
@@ -75,9 +86,134 @@ def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: OpusParams, ph
             "control_plane_s": photonic_s - no_control, "lost_overlap_s": no_drain - electrical_s}
 
 
-def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class PolicyRun:
+    """One policy's photonic iteration against the electrical baseline (a row of the ablation)."""
+
+    policy: str
+    iteration_time_s: float
+    overhead: float
+    reconfigurations_per_iteration: float
+    controller_round_trips_per_iteration: float
+    overhead_breakdown_s: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayRun:
+    """One (policy, mode, OCS delay) of the delay sweep against the electrical baseline."""
+
+    delay_s: float
+    mode: str
+    policy: str
+    iteration_time_s: float
+    overhead: float
+    reconfigurations_per_iteration: float
+    controller_round_trips_per_iteration: float
+    overhead_breakdown_s: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_CONTEXT = ("built", "runs")
+"""Fields of the results below kept for reports (titles, the trace), not part of their JSON."""
+
+
+def _plain(value):
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value.to_dict() if hasattr(value, "to_dict") else deepcopy(value)
+
+
+def _to_dict(result) -> dict:
+    return {f.name: _plain(getattr(result, f.name)) for f in fields(result) if f.name not in _CONTEXT}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RailsComparison:
+    """Electrical rails (the baseline), photonic rails with the scenario's policy, the ideal rail, the
+    policy ablation, and power and cost, for one built scenario. Ratios are electrical / photonic."""
+
+    scenario: str
+    layout: str
+    gpus: int
+    reconfig_delay_s: float
+    check_in_rtt_s: float
+    command_latency_s: float
+    routing: str
+    mode: Mode
+    policy: str
+    iteration_time_s: float
+    baseline_iteration_time_s: float
+    ideal_iteration_time_s: float
+    overhead: float
+    reconfigurations_per_iteration: float
+    reconfigurations_per_rail: list[int]
+    overhead_breakdown_s: dict[str, float]
+    controller_round_trips_per_iteration: float
+    plan: dict
+    power_ratio: float
+    cost_ratio: float
+    breakdown: dict[str, dict]
+    """Per fabric (electrical, photonic, ideal), its iteration summary."""
+    ablation: tuple[PolicyRun, ...]
+    costs: dict[str, dict]
+    built: Built = field(repr=False, compare=False)
+    runs: dict[str, IterationResult] = field(repr=False, compare=False)
+    """The electrical, photonic and ideal simulations (events and all)."""
+
+    def rows(self) -> list[dict]:
+        """The ablation, one row per policy."""
+        return [r.to_dict() for r in self.ablation]
+
+    def trace(self) -> dict:
+        """The photonic iteration as a Chrome trace, its metadata carrying the overhead's parts."""
+        trace = chrome_trace(self.runs["photonic"], self.built.job.layout)
+        trace["metadata"].update(overhead_breakdown_s=dict(self.overhead_breakdown_s),
+                                 controller_round_trips_per_iteration=self.controller_round_trips_per_iteration)
+        return trace
+
+    def to_dict(self) -> dict:
+        return _to_dict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelaySweep:
+    """Overhead of photonic rails against the OCS delay: both policies (lightrail's, the published Opus)
+    in every mode, over the electrical baseline."""
+
+    scenario: str
+    baseline_iteration_time_s: float
+    routing: str
+    check_in_rtt_s: float
+    command_latency_s: float
+    runs: tuple[DelayRun, ...]
+    delays: tuple[float, ...] = field(compare=False)
+    built: Built = field(repr=False, compare=False)
+
+    @property
+    def columns(self) -> list[tuple[str, str]]:
+        """(policy, mode) pairs in the order they were run."""
+        return list(dict.fromkeys((r.policy, r.mode) for r in self.runs))
+
+    def run(self, policy: str, mode: str, delay: float) -> DelayRun:
+        return next(r for r in self.runs if (r.policy, r.mode, r.delay_s) == (policy, mode, delay))
+
+    def rows(self) -> list[dict]:
+        return [r.to_dict() for r in self.runs]
+
+    def to_dict(self) -> dict:
+        return {"scenario": self.scenario, "baseline_iteration_time_s": self.baseline_iteration_time_s,
+                "routing": self.routing, "check_in_rtt_s": self.check_in_rtt_s,
+                "command_latency_s": self.command_latency_s, "rows": self.rows()}
+
+
+def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None) -> RailsComparison:
     """Electrical rails (baseline), photonic rails with the scenario's policy, the ideal rail, the
-    ablation of policies in the scenario's mode, and power and cost; one JSON-ready dict."""
+    ablation of policies in the scenario's mode, and power and cost."""
     job, fabric, params = built.job, built.fabric, built.params
     step = progress or (lambda name: None)
     runs = JobRuns(job)
@@ -93,49 +229,52 @@ def compare_rails(built, *, progress: Callable[[str], None] | None = None) -> di
     for label, knobs in ABLATION:
         policy = replace(ORIGINAL, mode=params.mode, **knobs)
         r = runs(fabric, policy)
-        ablation.append({"policy": label, "iteration_time_s": r.iteration_time_s,
-                         "overhead": r.iteration_time_s / base - 1,
-                         "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
-                         "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,
-                         "overhead_breakdown_s": overhead_breakdown(runs, fabric, policy, r.iteration_time_s, base)})
+        ablation.append(PolicyRun(policy=label, iteration_time_s=r.iteration_time_s,
+                                  overhead=r.iteration_time_s / base - 1,
+                                  reconfigurations_per_iteration=r.reconfigurations_per_iteration,
+                                  controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
+                                  overhead_breakdown_s=overhead_breakdown(runs, fabric, policy, r.iteration_time_s,
+                                                                          base)))
         step(label)
     lay = job.layout
     costs = compare(lay.world, gpus_per_server=lay.gpus_per_server, rail_speed=built.rail_speed, facts=built.costs)
-    return {
-        "scenario": built.scenario.name,
-        "layout": str(lay),
-        "gpus": lay.world,
-        "reconfig_delay_s": fabric.reconfig_delay,
-        "check_in_rtt_s": fabric.check_in_rtt,
-        "command_latency_s": fabric.command_latency,
-        "routing": fabric.routing,
-        "mode": params.mode,
-        "policy": params.label,
-        "iteration_time_s": photonic.iteration_time_s,
-        "baseline_iteration_time_s": base,
-        "ideal_iteration_time_s": ideal.iteration_time_s,
-        "overhead": photonic.iteration_time_s / base - 1,
-        "reconfigurations_per_iteration": photonic.reconfigurations_per_iteration,
-        "reconfigurations_per_rail": photonic.reconfigurations_per_rail,
-        "overhead_breakdown_s": breakdown,
-        "controller_round_trips_per_iteration": photonic.controller_round_trips_per_iteration,
-        "plan": photonic.plan.summary() if photonic.plan is not None else {},
-        "power_ratio": costs.power_ratio,
-        "cost_ratio": costs.cost_ratio,
-        "breakdown": {name: r.summary() for name, r in
-                      (("electrical", electrical), ("photonic", photonic), ("ideal", ideal))},
-        "ablation": ablation,
-        "costs": {kind: {k: getattr(c, k) for k in ("tiers", "switches", "ocs_ports", "transceivers", "power_w",
-                                                      "capex_usd")}
-                  for kind, c in (("electrical", costs.electrical), ("photonic", costs.photonic))},
-        "_results": {"electrical": electrical, "photonic": photonic, "ideal": ideal},
-    }
+    return RailsComparison(
+        scenario=built.scenario.name,
+        layout=str(lay),
+        gpus=lay.world,
+        reconfig_delay_s=fabric.reconfig_delay,
+        check_in_rtt_s=fabric.check_in_rtt,
+        command_latency_s=fabric.command_latency,
+        routing=fabric.routing,
+        mode=params.mode,
+        policy=params.label,
+        iteration_time_s=photonic.iteration_time_s,
+        baseline_iteration_time_s=base,
+        ideal_iteration_time_s=ideal.iteration_time_s,
+        overhead=photonic.iteration_time_s / base - 1,
+        reconfigurations_per_iteration=photonic.reconfigurations_per_iteration,
+        reconfigurations_per_rail=photonic.reconfigurations_per_rail,
+        overhead_breakdown_s=breakdown,
+        controller_round_trips_per_iteration=photonic.controller_round_trips_per_iteration,
+        plan=photonic.plan.summary() if photonic.plan is not None else {},
+        power_ratio=costs.power_ratio,
+        cost_ratio=costs.cost_ratio,
+        breakdown={name: r.summary() for name, r in
+                   (("electrical", electrical), ("photonic", photonic), ("ideal", ideal))},
+        ablation=tuple(ablation),
+        costs={kind: {k: getattr(c, k) for k in ("tiers", "switches", "ocs_ports", "transceivers", "power_w",
+                                                   "capex_usd")}
+               for kind, c in (("electrical", costs.electrical), ("photonic", costs.photonic))},
+        built=built,
+        runs={"electrical": electrical, "photonic": photonic, "ideal": ideal},
+    )
 
 
-def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[Mode] = (Mode.ON_DEMAND, Mode.PROVISIONED),
-                progress: Callable[[str], None] | None = None) -> dict:
+def delay_sweep(built: Built, delays: Sequence[float], *,
+                modes: Sequence[Mode] = (Mode.ON_DEMAND, Mode.PROVISIONED),
+                progress: Callable[[str], None] | None = None) -> DelaySweep:
     """Overhead of photonic rails (scenario policy, and the published Opus) against the OCS delay, with
-    each row's overhead broken down (``overhead_breakdown``)."""
+    each run's overhead broken down (``overhead_breakdown``)."""
     job, fabric, params = built.job, built.fabric, built.params
     runs = JobRuns(job)
     base = runs.electrical(fabric).iteration_time_s
@@ -145,12 +284,14 @@ def delay_sweep(built, delays: Sequence[float], *, modes: Sequence[Mode] = (Mode
             for delay in delays:
                 at, knobs = replace(fabric, reconfig_delay=delay), replace(policy, mode=mode)
                 r = runs(at, knobs)
-                rows.append({"delay_s": delay, "mode": str(mode), "policy": policy_name,
-                             "iteration_time_s": r.iteration_time_s, "overhead": r.iteration_time_s / base - 1,
-                             "reconfigurations_per_iteration": r.reconfigurations_per_iteration,
-                             "controller_round_trips_per_iteration": r.controller_round_trips_per_iteration,
-                             "overhead_breakdown_s": overhead_breakdown(runs, at, knobs, r.iteration_time_s, base)})
+                rows.append(DelayRun(delay_s=delay, mode=str(mode), policy=policy_name,
+                                     iteration_time_s=r.iteration_time_s, overhead=r.iteration_time_s / base - 1,
+                                     reconfigurations_per_iteration=r.reconfigurations_per_iteration,
+                                     controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
+                                     overhead_breakdown_s=overhead_breakdown(runs, at, knobs, r.iteration_time_s,
+                                                                             base)))
                 if progress:
                     progress(f"{policy_name} {mode} {delay:g}s")
-    return {"scenario": built.scenario.name, "baseline_iteration_time_s": base, "routing": fabric.routing,
-            "check_in_rtt_s": fabric.check_in_rtt, "command_latency_s": fabric.command_latency, "rows": rows}
+    return DelaySweep(scenario=built.scenario.name, baseline_iteration_time_s=base, routing=fabric.routing,
+                      check_in_rtt_s=fabric.check_in_rtt, command_latency_s=fabric.command_latency,
+                      runs=tuple(rows), delays=tuple(delays), built=built)

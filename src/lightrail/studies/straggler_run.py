@@ -13,13 +13,14 @@ import math
 import os
 import statistics
 import time
+from dataclasses import asdict, dataclass
 
 from lightrail.collectives import Schedule, generate
 from lightrail.collectives.stragglar import stragglar_allreduce
 from lightrail.errors import ScenarioError
 from lightrail.runtime.launch import run_processes
 
-__all__ = ["METHODS", "measure_straggler"]
+__all__ = ["METHODS", "MethodTime", "StragglerRun", "measure_straggler"]
 
 METHODS = ("stragglar", "ring", "native")
 _RTOL, _ATOL = 1e-4, 1e-3
@@ -35,7 +36,8 @@ def _validate(n: int, size_bytes: int, delay_s: float, straggler: int, repeats: 
         raise ScenarioError(f"{size_bytes} bytes holds no float32 element", field="--size",
                             fix="give at least 4B, e.g. 64MiB")
     if not (math.isfinite(delay_s) and delay_s >= 0):
-        raise ScenarioError(f"{delay_s!r} s is not a non-negative time", field="--delay", fix="e.g. 50ms, or 0")
+        raise ScenarioError(f"{delay_s!r} s is not a non-negative time", field="--straggler-delay",
+                            fix="e.g. 50ms, or 0")
     if repeats < 1:
         raise ScenarioError(f"{repeats} repeats measures nothing", field="--repeats", fix="use 1 or more, e.g. 5")
     if warmup < 0:
@@ -78,10 +80,60 @@ def _rank_main(rank: int, n: int, elements: int, delay_s: float, straggler: int,
     return {"elapsed": elapsed, "correct": correct, "max_abs_error": max_err}
 
 
-def measure_straggler(n: int, size_bytes: int, delay_s: float, straggler: int, *, repeats: int = 5,
-                      warmup: int = 1) -> dict:
+@dataclass(frozen=True)
+class MethodTime:
+    """One method's median time to finish, StragglAR's speedup over it, and whether it was right."""
+
+    method: str
+    time_s: float
+    stragglar_speedup: float
+    correct: bool
+    max_abs_error: float
+
+
+@dataclass(frozen=True)
+class StragglerRun:
+    """A measured run: medians over ``repeats`` trials of the slowest rank's time, per method (``METHODS``)."""
+
+    ranks: int
+    size_bytes: int
+    elements: int
+    delay_s: float
+    straggler: int
+    repeats: int
+    warmup: int
+    stragglar_s: float
+    ring_s: float
+    native_s: float
+    speedup_over_ring: float
+    speedup_over_native: float
+    trials_s: dict[str, list[float]]  # per method, each trial's slowest rank
+    rank_medians_s: dict[str, list[float]]  # per method, each rank's median
+    correct: dict[str, bool]  # per method, equal to dist.all_reduce on every rank
+    max_abs_error: dict[str, float]
+    steps: dict[str, int]
+    torch_threads_per_rank: int
+    backend: str
+
+    @property
+    def wrong(self) -> list[str]:
+        """The methods whose result differed from ``dist.all_reduce``."""
+        return [m for m in METHODS if not self.correct[m]]
+
+    def rows(self) -> list[MethodTime]:
+        times = {"stragglar": self.stragglar_s, "ring": self.ring_s, "native": self.native_s}
+        return [MethodTime(m, times[m], times[m] / self.stragglar_s, self.correct[m], self.max_abs_error[m])
+                for m in METHODS]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_straggler(n: int, size_bytes: int, delay_s: float, straggler: int | None = None, *, repeats: int = 5,
+                      warmup: int = 1) -> StragglerRun:
     """Time StragglAR, lightrail's ring and gloo's native AllReduce of ``size_bytes`` per rank on ``n``
-    CPU gloo processes with rank ``straggler`` ``delay_s`` late; medians in seconds and speedups."""
+    CPU gloo processes with rank ``straggler`` (default: the last) ``delay_s`` late."""
+    straggler = n - 1 if straggler is None else straggler
     n, size_bytes, straggler, repeats, warmup = int(n), int(size_bytes), int(straggler), int(repeats), int(warmup)
     delay_s = float(delay_s)
     _validate(n, size_bytes, delay_s, straggler, repeats, warmup)
@@ -91,25 +143,24 @@ def measure_straggler(n: int, size_bytes: int, delay_s: float, straggler: int, *
     per_rank = run_processes(_rank_main, n, elements, delay_s, straggler, repeats, warmup, schedules, threads)
     trials = {m: [max(r["elapsed"][m][t] for r in per_rank) for t in range(repeats)] for m in METHODS}
     median = {m: statistics.median(trials[m]) for m in METHODS}
-    return {
-        "ranks": n,
-        "size_bytes": size_bytes,
-        "elements": elements,
-        "delay_s": delay_s,
-        "straggler": straggler,
-        "repeats": repeats,
-        "warmup": warmup,
-        "stragglar_s": median["stragglar"],
-        "ring_s": median["ring"],
-        "native_s": median["native"],
-        "speedup_over_ring": median["ring"] / median["stragglar"],
-        "speedup_over_native": median["native"] / median["stragglar"],
-        "trials_s": trials,
-        "rank_medians_s": {m: [statistics.median(r["elapsed"][m]) for r in per_rank] for m in METHODS},
-        "correct": {m: all(r["correct"][m] for r in per_rank) for m in METHODS},
-        "max_abs_error": {m: max(r["max_abs_error"][m] for r in per_rank) for m in METHODS},
-        "steps": {"stragglar": schedules["stragglar"].nsteps,
-                  "ring": schedules["ring"].nsteps},
-        "torch_threads_per_rank": threads,
-        "backend": "gloo",
-    }
+    return StragglerRun(
+        ranks=n,
+        size_bytes=size_bytes,
+        elements=elements,
+        delay_s=delay_s,
+        straggler=straggler,
+        repeats=repeats,
+        warmup=warmup,
+        stragglar_s=median["stragglar"],
+        ring_s=median["ring"],
+        native_s=median["native"],
+        speedup_over_ring=median["ring"] / median["stragglar"],
+        speedup_over_native=median["native"] / median["stragglar"],
+        trials_s=trials,
+        rank_medians_s={m: [statistics.median(r["elapsed"][m]) for r in per_rank] for m in METHODS},
+        correct={m: all(r["correct"][m] for r in per_rank) for m in METHODS},
+        max_abs_error={m: max(r["max_abs_error"][m] for r in per_rank) for m in METHODS},
+        steps={"stragglar": schedules["stragglar"].nsteps, "ring": schedules["ring"].nsteps},
+        torch_threads_per_rank=threads,
+        backend="gloo",
+    )

@@ -1,0 +1,133 @@
+"""Tables and files for photonic against electrical rails: ``simulate`` and the OCS delay ``sweep``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from lightrail.report.files import write_json
+from lightrail.report.plots import plot_breakdown, plot_delay_sweep, plot_overhead_breakdown
+from lightrail.studies.rails import BREAKDOWN, DelaySweep, RailsComparison
+from lightrail.units import format_time
+
+__all__ = ["signed_time", "write_simulate", "print_simulate", "write_sweep", "print_sweep"]
+
+_PARTS = (("compute_s", "compute"), ("communication_s", "exposed communication"),
+          ("reconfiguration_s", "reconfiguration stall"), ("control_s", "controller round trips"),
+          ("bubble_s", "pipeline bubble"))
+
+
+def signed_time(seconds: float) -> str:
+    """``+1.2ms``, ``-3us``, or ``0`` below half a nanosecond (a sum of differences is rarely exactly 0)."""
+    if abs(seconds) < 5e-10:
+        return "0"
+    return ("-" if seconds < 0 else "+") + format_time(abs(seconds))
+
+
+def _delay(seconds: float) -> str:
+    return format_time(seconds) if seconds else "0"
+
+
+def write_simulate(result: RailsComparison, out_dir: Path) -> list[Path]:
+    """breakdown.png, overhead.png, trace.json (Perfetto) and summary.json in ``out_dir``."""
+    built = result.built
+    setting = f"OCS delay {format_time(built.fabric.reconfig_delay)}, {built.params.mode}"
+    rows = {f"{name} rails" if name != "ideal" else "ideal rails (OCS, 0 delay)": summary
+            for name, summary in result.breakdown.items()}
+    return [plot_breakdown(rows, out_dir / "breakdown.png",
+                           title=f"{built.scenario.name}: {built.job.layout}, {setting}"),
+            plot_overhead_breakdown(result.rows(), out_dir / "overhead.png",
+                                    title=f"{built.scenario.name}: where the photonic overhead goes, {setting}"),
+            write_json(out_dir / "trace.json", result.trace()),
+            write_json(out_dir / "summary.json", result.to_dict())]
+
+
+def print_simulate(result: RailsComparison, console: Console, out_dir: Path) -> None:
+    built = result.built
+    e, p = result.breakdown["electrical"], result.breakdown["photonic"]
+    ce, cp = result.costs["electrical"], result.costs["photonic"]
+    table = Table(title=f"{built.scenario.name}: {built.model.name} on {result.gpus} x {built.gpu.name}, "
+                        f"{result.layout}")
+    table.add_column("")
+    table.add_column("electrical rails", justify="right")
+    table.add_column(f"photonic rails ({format_time(built.fabric.reconfig_delay)})", justify="right")
+    table.add_row("iteration time", format_time(e["iteration_time_s"]), format_time(p["iteration_time_s"]))
+    table.add_row("overhead", "-", f"{result.overhead * 100:+.2f}%")
+    for key, label in _PARTS:
+        table.add_row(f"  {label}", format_time(e[key]), format_time(p[key]))
+    table.add_row("reconfigurations / iteration / rail", "0", f"{result.reconfigurations_per_iteration:.1f}")
+    table.add_row("controller round trips / iteration / rank", "0",
+                  f"{result.controller_round_trips_per_iteration:.1f}")
+    table.add_row("rail network power", f"{ce['power_w'] / 1e3:,.1f} kW", f"{cp['power_w'] / 1e3:,.1f} kW")
+    table.add_row("rail network cost", f"${ce['capex_usd'] / 1e6:,.2f}M", f"${cp['capex_usd'] / 1e6:,.2f}M")
+    table.add_row("electrical / photonic", "", f"power {result.power_ratio:.1f}x, cost {result.cost_ratio:.2f}x")
+    console.print(table)
+    mode = str(built.params.mode)
+    ablation = Table(title=f"policy ablation ({mode}): the published Opus policy, then lightrail's knobs")
+    for col in ("policy", "iteration", "overhead", "reconfigs / rail", "round trips / rank"):
+        ablation.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
+    split = Table(title=f"where the overhead goes ({mode}): {' + '.join(lbl for _, lbl in BREAKDOWN)}")
+    for col in ("policy", *(lbl for _, lbl in BREAKDOWN)):
+        split.add_column(col, justify="left" if col == "policy" else "right")
+    for row in result.ablation:
+        ablation.add_row(row.policy, format_time(row.iteration_time_s), f"{row.overhead * 100:+.2f}%",
+                         f"{row.reconfigurations_per_iteration:.1f}",
+                         f"{row.controller_round_trips_per_iteration:.1f}")
+        split.add_row(row.policy, *(signed_time(row.overhead_breakdown_s[k]) for k, _ in BREAKDOWN))
+    console.print(ablation)
+    console.print(split)
+    b = result.overhead_breakdown_s
+    console.print(f"photonic overhead {signed_time(result.iteration_time_s - result.baseline_iteration_time_s)} = "
+                  + " + ".join(f"{lbl} {signed_time(b[k])}" for k, lbl in BREAKDOWN)
+                  + f"; electrical rails routed by {result.routing.upper()}; controller round trip "
+                  f"{format_time(result.check_in_rtt_s)}, command {format_time(result.command_latency_s)}",
+                  highlight=False)
+    if result.plan:
+        phases = ", ".join(f"{phase}: {len(cfgs)} configuration{'s' if len(cfgs) > 1 else ''} "
+                           f"({'/'.join(str(n) for n in cfgs.values())} circuits)"
+                           for phase, cfgs in result.plan["phases"].items())
+        console.print(f"plan: {phases}; switches {result.plan['trigger']}", highlight=False)
+    console.print(f"ideal rail (zero-delay OCS): {format_time(result.ideal_iteration_time_s)}; wrote "
+                  f"{out_dir / 'summary.json'}, {out_dir / 'trace.json'} (open in ui.perfetto.dev), "
+                  f"{out_dir / 'breakdown.png'}, {out_dir / 'overhead.png'}")
+
+
+def write_sweep(result: DelaySweep, out_dir: Path) -> list[Path]:
+    """overhead.png and sweep.json in ``out_dir``."""
+    built = result.built
+    return [plot_delay_sweep(result.rows(), out_dir / "overhead.png",
+                             title=f"{built.scenario.name}: {built.job.layout}, overhead of photonic rails"),
+            write_json(out_dir / "sweep.json", result.to_dict())]
+
+
+def print_sweep(result: DelaySweep, console: Console, out_dir: Path) -> None:
+    table = Table(title=f"{result.scenario}: overhead vs electrical rails "
+                        f"({format_time(result.baseline_iteration_time_s)} per iteration)")
+    table.add_column("delay", justify="right")
+    columns = result.columns
+    for policy, mode in columns:
+        table.add_column(f"{policy} {mode}", justify="right")
+    for d in result.delays:
+        cells = []
+        for policy, mode in columns:
+            run = result.run(policy, mode, d)
+            cells.append(f"{run.overhead * 100:+.2f}% ({run.reconfigurations_per_iteration:.0f})")
+        table.add_row(_delay(d), *cells)
+    console.print(table)
+    mode = str(result.built.params.mode)
+    split = Table(title=f"where the overhead goes ({mode}): {' + '.join(lbl for _, lbl in BREAKDOWN)}")
+    split.add_column("delay", justify="right")
+    split.add_column("policy")
+    for _, lbl in BREAKDOWN:
+        split.add_column(lbl, justify="right")
+    for d in result.delays:
+        for policy in ("opus", "lightrail"):
+            run = result.run(policy, mode, d)
+            split.add_row(_delay(d), policy, *(signed_time(run.overhead_breakdown_s[k]) for k, _ in BREAKDOWN),
+                          end_section=policy == "lightrail" and d != result.delays[-1])
+    console.print(split)
+    console.print(f"in brackets: reconfigurations per rail per iteration; electrical rails routed by "
+                  f"{result.routing.upper()}; every row's overhead_breakdown_s is in the JSON", highlight=False)
+    console.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'overhead.png'}")
