@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lightrail.control.opus import LIGHTRAIL, OpusParams
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import GPUS_PER_SERVER
+from lightrail.fabric.costs import CostFacts
 from lightrail.fabric.params import (
     ALPHA,
     CHECK_IN_RTT,
@@ -25,7 +26,6 @@ from lightrail.fabric.params import (
     FabricKind,
     RailFabric,
 )
-from lightrail.studies.cost import CostFacts
 from lightrail.units import format_time, parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
 from lightrail.workload.hardware import GPU, gpu

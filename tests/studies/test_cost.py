@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightrail.errors import InfeasibleError, ScenarioError
-from lightrail.studies.cost import CostFacts, compare, cost_sweep, rail_fabric_cost
+from lightrail.fabric.costs import CostFacts
+from lightrail.studies.cost import compare, cost_sweep, rail_fabric_cost
 
 GPUS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 OCS_W = 75 / 192

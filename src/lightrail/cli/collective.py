@@ -9,15 +9,17 @@ import typer
 
 from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import (
+    ALPHA_DEFAULT,
+    LATENCY_DEFAULT,
     Alpha,
     Bandwidth,
     GpusPerServer,
     HostsPerLeaf,
     JsonOut,
+    KindOpt,
     Latency,
     NvlinkBandwidth,
     OcsDelay,
-    Op,
     Oversubscription,
     Ports,
     Propagation,
@@ -44,14 +46,14 @@ from lightrail.units import parse_rate, parse_size, parse_time
 @app.command("collective")
 @friendly
 def collective_cmd(
-    op: Op = "allreduce",
+    op: KindOpt = "allreduce",
     algo: Annotated[str, typer.Option("--algo", "-a", help="Algorithm name; see `lightrail algorithms`.")] = "ring",
     ranks: Ranks = 64,
     size: Annotated[str, typer.Option("--size", "-s", help="Buffer size per rank, e.g. 1GiB.")] = "1GiB",
     topology: TopologyOpt = "switch",
     bandwidth: Bandwidth = "400Gbps",
-    latency: Latency = "1us",
-    alpha: Alpha = "3us",
+    latency: Latency = LATENCY_DEFAULT,
+    alpha: Alpha = ALPHA_DEFAULT,
     shape: Shape = None,
     gpus_per_server: GpusPerServer = 8,
     nvlink_bandwidth: NvlinkBandwidth = f"{NVLINK_BANDWIDTH / 1e9:g}GBps",
@@ -120,13 +122,13 @@ def algorithms_cmd(
 @app.command("collective-sweep")
 @friendly
 def collective_sweep_cmd(
-    op: Op = "allreduce",
+    op: KindOpt = "allreduce",
     ranks: Ranks = 64,
     sizes: Sizes = "1KiB..4GiB",
     topology: TopologyOpt = "rails",
     bandwidth: Bandwidth = "400Gbps",
-    latency: Latency = "1us",
-    alpha: Alpha = "3us",
+    latency: Latency = LATENCY_DEFAULT,
+    alpha: Alpha = ALPHA_DEFAULT,
     shape: Shape = None,
     gpus_per_server: GpusPerServer = 8,
     nvlink_bandwidth: NvlinkBandwidth = f"{NVLINK_BANDWIDTH / 1e9:g}GBps",

@@ -15,20 +15,25 @@ from typing import Annotated, TypeVar
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lightrail import collectives
 from lightrail.cli.app import err, given_on_command_line
 from lightrail.collectives import Kind
 from lightrail.control.plan import Mode
-from lightrail.errors import ScenarioError
+from lightrail.errors import ScenarioError, UnsupportedError
 from lightrail.fabric.builders import TOPOLOGIES, build_topology
-from lightrail.fabric.params import ReconfigurableFabric
-from lightrail.units import parse_rate, parse_size, parse_time
+from lightrail.fabric.params import ALPHA, HOP_LATENCY, ReconfigurableFabric
+from lightrail.units import format_time, parse_rate, parse_size, parse_time
 
-Op = Annotated[str, typer.Option("--op", help="Collective: " + ", ".join(k.value for k in Kind) + ".")]
+KindOpt = Annotated[str, typer.Option("--op", help="Collective: " + ", ".join(k.value for k in Kind) + ".")]
 Ranks = Annotated[int, typer.Option("--ranks", "-n", help="Number of ranks (GPUs), 2 or more.")]
 TopologyOpt = Annotated[str, typer.Option("--topology", "-t", help="Fabric: " + ", ".join(TOPOLOGIES) + ".")]
 Bandwidth = Annotated[str, typer.Option("--bandwidth", help="Per-GPU network link rate, e.g. 400Gbps or 50GBps.")]
 Latency = Annotated[str, typer.Option("--latency", help="Latency per hop (link), e.g. 1us.")]
 Alpha = Annotated[str, typer.Option("--alpha", help="Start-up cost per step, e.g. 3us.")]
+LATENCY_DEFAULT = format_time(HOP_LATENCY)
+"""``--latency``'s default, the fabric's (``fabric.params.HOP_LATENCY``)."""
+ALPHA_DEFAULT = format_time(ALPHA)
+"""``--alpha``'s default, the fabric's (``fabric.params.ALPHA``)."""
 Shape = Annotated[str | None, typer.Option("--shape", help="Torus sides, e.g. 32x32 (default: most square).")]
 GpusPerServer = Annotated[int, typer.Option("--gpus-per-server",
                                             help="Servers' NVLink domain size (rails, hierarchical).")]
@@ -135,12 +140,20 @@ def parse_times(text: str, field: str) -> list[float]:
 
 
 def parse_kind(text: str, *, field: str = "--op") -> Kind:
-    """A collective's name; case, ``-`` and ``_`` do not matter (``all-reduce`` is ``allreduce``)."""
+    """A collective's name (the registry's :func:`~lightrail.collectives.parse_kind`), errors naming ``field``."""
     try:
-        return Kind(text.lower().replace("-", "").replace("_", ""))
-    except ValueError:
-        raise ScenarioError(f"unknown collective {text!r}", field=field,
-                            fix="use one of " + ", ".join(k.value for k in Kind)) from None
+        return collectives.parse_kind(text)
+    except UnsupportedError as e:
+        e.field = field
+        raise
+
+
+def parse_mode(text: str, *, field: str = "--mode") -> Mode:
+    """``on-demand`` or ``provisioned``; the old ``on_demand`` is read with a note."""
+    mode = Mode.parse(text, field=field)
+    if text != mode.value:
+        err.print(f"note: {field} {text} is now {field} {mode.value}", highlight=False)
+    return mode
 
 
 def parse_kinds(text: str, *, field: str = "--ops") -> list[Kind]:
@@ -208,7 +221,7 @@ def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: st
     if ocs_delay is not None:
         built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(ocs_delay, field="--ocs-delay")))
     if mode is not None:
-        built = replace(built, params=replace(built.params, mode=Mode.parse(mode, field="--mode")))
+        built = replace(built, params=replace(built.params, mode=parse_mode(mode)))
     return built
 
 

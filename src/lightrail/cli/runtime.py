@@ -13,6 +13,7 @@ from lightrail.cli.options import (
     JsonOut,
     OcsDelay,
     old_spelling,
+    parse_mode,
     print_json,
     progress_bar,
     renamed,
@@ -24,13 +25,6 @@ from lightrail.units import parse_time
 
 DEFAULT_OCS_DELAY = f"{RECONFIG_DELAY * 1e3:g}ms"
 """The flags' default OCS delay, from the one default in ``fabric/params.py``."""
-
-
-def _mode(text: str) -> Mode:
-    mode = Mode.parse(text, field="--mode")
-    if text != mode.value:
-        err.print(f"note: --mode {text} is now --mode {mode.value}", highlight=False)
-    return mode
 
 
 def _leases(flag: bool | None) -> bool:
@@ -72,7 +66,7 @@ def train_demo_cmd(
 
     config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=steps, ranks=ranks)
     delay = parse_time(ocs_delay, field="--ocs-delay")
-    mode = _mode(mode)
+    mode = parse_mode(mode)
     leases = _leases(leases)
     progress, task = progress_bar(2, "train-demo", as_json)
     with progress:

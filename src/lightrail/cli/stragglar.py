@@ -12,6 +12,8 @@ import typer
 
 from lightrail.cli.app import app, err, friendly, out
 from lightrail.cli.options import (
+    ALPHA_DEFAULT,
+    LATENCY_DEFAULT,
     Alpha,
     GpusPerServer,
     HostsPerLeaf,
@@ -70,8 +72,8 @@ def stragglar_compare_cmd(
     delay: OldDelay = None,
     topology: TopologyOpt = "switch",
     bandwidth: NodeBandwidth = "450GBps",
-    latency: Latency = "1us",
-    alpha: Alpha = "3us",
+    latency: Latency = LATENCY_DEFAULT,
+    alpha: Alpha = ALPHA_DEFAULT,
     as_json: JsonOut = False,
 ):
     """Time to finish with a straggler (rank n-1): StragglAR against Ring, halving-doubling, tree and
@@ -138,8 +140,8 @@ def stragglar_sweep_cmd(
     topologies: Annotated[str, typer.Option("--topologies", help="Comma list of fabrics: " + ", ".join(TOPOLOGIES)
                                             + ".")] = ",".join(TOPOLOGIES),
     bandwidth: NodeBandwidth = "450GBps",
-    latency: Latency = "1us",
-    alpha: Alpha = "3us",
+    latency: Latency = LATENCY_DEFAULT,
+    alpha: Alpha = ALPHA_DEFAULT,
     gpus_per_server: GpusPerServer = 8,
     hosts_per_leaf: HostsPerLeaf = 32,
     at_straggler_delay: Annotated[str | None, typer.Option(

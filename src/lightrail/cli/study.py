@@ -9,6 +9,8 @@ import typer
 
 from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import (
+    ALPHA_DEFAULT,
+    LATENCY_DEFAULT,
     Alpha,
     Bandwidth,
     JsonOut,
@@ -44,8 +46,8 @@ def study_collectives_cmd(
     old_delays: Annotated[str | None, old_spelling("--delays", "--ocs-delays")] = None,
     ports: Ports = 2,
     bandwidth: Bandwidth = "400Gbps",
-    latency: Latency = "1us",
-    alpha: Alpha = "3us",
+    latency: Latency = LATENCY_DEFAULT,
+    alpha: Alpha = ALPHA_DEFAULT,
     propagation: Propagation = "0",
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV summary and heat maps.")]
     = Path("out/study-collectives"),

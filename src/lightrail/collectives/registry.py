@@ -8,7 +8,10 @@ per kind is marked ``auto``: what a program's collective runs when it names no a
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,18 +76,19 @@ def register(kind: Kind | str, name: str, *, summary: str, steps: str,
     return wrap
 
 
+_INFRASTRUCTURE = {"collective", "registry", "schedule", "verify"}
+"""Modules of the package that define no algorithm."""
+
+
+@functools.cache
 def _load() -> None:
-    # Importing the generator modules fills the registry (each registers itself).
-    from lightrail.collectives import (  # noqa: F401
-        alltoall,
-        bruck,
-        direct,
-        doubling,
-        hierarchical,
-        ring,
-        stragglar,
-        tree,
-    )
+    """Import every generator module of the package, which fills the registry (each registers itself):
+    a new algorithm is one new module, with nothing to list here."""
+    import lightrail.collectives as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name not in _INFRASTRUCTURE:
+            importlib.import_module(f"{package.__name__}.{info.name}")
 
 
 def algorithms(kind: Kind | str | None = None) -> list[Algorithm]:

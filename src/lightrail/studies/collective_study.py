@@ -19,7 +19,7 @@ from lightrail.collectives import algorithms
 from lightrail.control.pccl import Planner
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import NIC_BANDWIDTH, ring, square_shape, switch, torus
-from lightrail.fabric.params import ReconfigurableFabric
+from lightrail.fabric.params import ALPHA, HOP_LATENCY, ReconfigurableFabric
 from lightrail.timing import Engine
 
 __all__ = ["StudyGrid", "CollectiveStudy", "collective_study", "EXCLUDED"]
@@ -39,9 +39,9 @@ class StudyGrid:
     delays: tuple[float, ...] = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
     ports: int = 2
     bandwidth: float = NIC_BANDWIDTH
-    latency: float = 1e-6
+    latency: float = HOP_LATENCY
     propagation: float = 0.0
-    alpha: float = 3e-6
+    alpha: float = ALPHA
     states: dict = field(default_factory=lambda: {"max_states": 16})
 
     def __post_init__(self):
