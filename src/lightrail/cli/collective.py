@@ -11,6 +11,8 @@ from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
+    NIC_DEFAULT,
+    NVLINK_DEFAULT,
     Alpha,
     Bandwidth,
     GpusPerServer,
@@ -39,7 +41,7 @@ from lightrail.cli.options import (
 )
 from lightrail.collectives import algorithms, get
 from lightrail.errors import ScenarioError
-from lightrail.fabric.builders import NVLINK_BANDWIDTH
+from lightrail.fabric.builders import GPUS_PER_SERVER, HOSTS_PER_LEAF
 from lightrail.units import parse_rate, parse_size, parse_time
 
 
@@ -51,13 +53,13 @@ def collective_cmd(
     ranks: Ranks = 64,
     size: Annotated[str, typer.Option("--size", "-s", help="Buffer size per rank, e.g. 1GiB.")] = "1GiB",
     topology: TopologyOpt = "switch",
-    bandwidth: Bandwidth = "400Gbps",
+    bandwidth: Bandwidth = NIC_DEFAULT,
     latency: Latency = LATENCY_DEFAULT,
     alpha: Alpha = ALPHA_DEFAULT,
     shape: Shape = None,
-    gpus_per_server: GpusPerServer = 8,
-    nvlink_bandwidth: NvlinkBandwidth = f"{NVLINK_BANDWIDTH / 1e9:g}GBps",
-    hosts_per_leaf: HostsPerLeaf = 32,
+    gpus_per_server: GpusPerServer = GPUS_PER_SERVER,
+    nvlink_bandwidth: NvlinkBandwidth = NVLINK_DEFAULT,
+    hosts_per_leaf: HostsPerLeaf = HOSTS_PER_LEAF,
     oversubscription: Oversubscription = 1.0,
     root: Annotated[int, typer.Option("--root", help="Root rank (broadcast, reduce).")] = 0,
     pipeline: Annotated[int, typer.Option("--pipeline", help="Chunks per tree (double-binary-tree).")] = 1,
@@ -126,13 +128,13 @@ def collective_sweep_cmd(
     ranks: Ranks = 64,
     sizes: Sizes = "1KiB..4GiB",
     topology: TopologyOpt = "rails",
-    bandwidth: Bandwidth = "400Gbps",
+    bandwidth: Bandwidth = NIC_DEFAULT,
     latency: Latency = LATENCY_DEFAULT,
     alpha: Alpha = ALPHA_DEFAULT,
     shape: Shape = None,
-    gpus_per_server: GpusPerServer = 8,
-    nvlink_bandwidth: NvlinkBandwidth = f"{NVLINK_BANDWIDTH / 1e9:g}GBps",
-    hosts_per_leaf: HostsPerLeaf = 32,
+    gpus_per_server: GpusPerServer = GPUS_PER_SERVER,
+    nvlink_bandwidth: NvlinkBandwidth = NVLINK_DEFAULT,
+    hosts_per_leaf: HostsPerLeaf = HOSTS_PER_LEAF,
     oversubscription: Oversubscription = 1.0,
     algo: Annotated[list[str] | None, typer.Option("--algo", "-a", help="Only these algorithms (repeatable).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the sweep's JSON, CSV and PNG plot.")]

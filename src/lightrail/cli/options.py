@@ -20,7 +20,12 @@ from lightrail.cli.app import err, given_on_command_line
 from lightrail.collectives import Kind
 from lightrail.control.plan import Mode
 from lightrail.errors import ScenarioError, UnsupportedError
-from lightrail.fabric.builders import TOPOLOGIES, build_topology
+from lightrail.fabric.builders import (
+    NIC_BANDWIDTH,
+    NVLINK_BANDWIDTH,
+    TOPOLOGIES,
+    build_topology,
+)
 from lightrail.fabric.params import ALPHA, HOP_LATENCY, ReconfigurableFabric
 from lightrail.units import format_time, parse_rate, parse_size, parse_time
 
@@ -32,6 +37,10 @@ Latency = Annotated[str, typer.Option("--latency", help="Latency per hop (link),
 Alpha = Annotated[str, typer.Option("--alpha", help="Start-up cost per step, e.g. 3us.")]
 LATENCY_DEFAULT = format_time(HOP_LATENCY)
 """``--latency``'s default, the fabric's (``fabric.params.HOP_LATENCY``)."""
+NIC_DEFAULT = f"{NIC_BANDWIDTH * 8 / 1e9:g}Gbps"
+"""``--bandwidth``'s default for fabrics of NICs (``fabric.builders.NIC_BANDWIDTH``)."""
+NVLINK_DEFAULT = f"{NVLINK_BANDWIDTH / 1e9:g}GBps"
+"""``--nvlink-bandwidth``'s default and StragglAR's NVSwitch-style link rate (``fabric.builders.NVLINK_BANDWIDTH``)."""
 ALPHA_DEFAULT = format_time(ALPHA)
 """``--alpha``'s default, the fabric's (``fabric.params.ALPHA``)."""
 Shape = Annotated[str | None, typer.Option("--shape", help="Torus sides, e.g. 32x32 (default: most square).")]

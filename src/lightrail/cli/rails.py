@@ -23,6 +23,7 @@ from lightrail.cli.options import (
     progress_bar,
     renamed,
 )
+from lightrail.fabric.builders import GPUS_PER_SERVER
 from lightrail.studies.rails import OCS_DELAYS
 from lightrail.units import format_time
 
@@ -72,7 +73,7 @@ def simulate_cmd(
 def cost_cmd(
     gpus: Annotated[str, typer.Option("--gpus", help="GPU counts: 256..16384 (powers of two) or a comma list.")]
     = "256..16384",
-    gpus_per_server: GpusPerServer = 8,
+    gpus_per_server: GpusPerServer = GPUS_PER_SERVER,
     rail_speed: Annotated[str, typer.Option("--rail-speed", help="400G or 800G.")] = "400G",
     as_json: JsonOut = False,
 ):

@@ -14,6 +14,7 @@ from lightrail.cli.app import app, err, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
+    NVLINK_DEFAULT,
     Alpha,
     GpusPerServer,
     HostsPerLeaf,
@@ -31,7 +32,7 @@ from lightrail.cli.options import (
     progress_bar,
     renamed,
 )
-from lightrail.fabric.builders import NVLINK_BANDWIDTH, TOPOLOGIES
+from lightrail.fabric.builders import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
 from lightrail.units import parse_rate, parse_size, parse_time
 
 stragglar_app = typer.Typer(no_args_is_help=True, help="StragglAR: AllReduce with a persistent straggler.")
@@ -71,7 +72,7 @@ def stragglar_compare_cmd(
     straggler_delay: StragglerDelay = "5ms",
     delay: OldDelay = None,
     topology: TopologyOpt = "switch",
-    bandwidth: NodeBandwidth = "450GBps",
+    bandwidth: NodeBandwidth = NVLINK_DEFAULT,
     latency: Latency = LATENCY_DEFAULT,
     alpha: Alpha = ALPHA_DEFAULT,
     as_json: JsonOut = False,
@@ -82,7 +83,8 @@ def stragglar_compare_cmd(
     from lightrail.studies.stragglar import straggler_comparison
 
     late = renamed(straggler_delay, delay, old="--delay", new="--straggler-delay")
-    fabric = build_fabric(topology, ranks, bandwidth, latency, None, 8, f"{NVLINK_BANDWIDTH / 1e9:g}GBps", 32, 1.0)
+    fabric = build_fabric(topology, ranks, bandwidth, latency, None, GPUS_PER_SERVER, NVLINK_DEFAULT, HOSTS_PER_LEAF,
+                          1.0)
     result = straggler_comparison(ranks, parse_size(size, field="--size"),
                                   parse_time(late, field="--straggler-delay"), fabric,
                                   alpha=parse_time(alpha, field="--alpha"))
@@ -139,11 +141,11 @@ def stragglar_sweep_cmd(
     size: Annotated[str, typer.Option("--size", "-s", help="Buffer size per rank.")] = "64MiB",
     topologies: Annotated[str, typer.Option("--topologies", help="Comma list of fabrics: " + ", ".join(TOPOLOGIES)
                                             + ".")] = ",".join(TOPOLOGIES),
-    bandwidth: NodeBandwidth = "450GBps",
+    bandwidth: NodeBandwidth = NVLINK_DEFAULT,
     latency: Latency = LATENCY_DEFAULT,
     alpha: Alpha = ALPHA_DEFAULT,
-    gpus_per_server: GpusPerServer = 8,
-    hosts_per_leaf: HostsPerLeaf = 32,
+    gpus_per_server: GpusPerServer = GPUS_PER_SERVER,
+    hosts_per_leaf: HostsPerLeaf = HOSTS_PER_LEAF,
     at_straggler_delay: Annotated[str | None, typer.Option(
         "--at-straggler-delay", help="Straggler delay of the speedup-vs-ranks plot and the table, one of "
         "--straggler-delays (default: 250us if listed, else the largest).")] = None,

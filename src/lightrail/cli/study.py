@@ -11,6 +11,7 @@ from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
+    NIC_DEFAULT,
     Alpha,
     Bandwidth,
     JsonOut,
@@ -45,7 +46,7 @@ def study_collectives_cmd(
     ocs_delays: OcsDelays = "0,1us,10us,100us,1ms,10ms",
     old_delays: Annotated[str | None, old_spelling("--delays", "--ocs-delays")] = None,
     ports: Ports = 2,
-    bandwidth: Bandwidth = "400Gbps",
+    bandwidth: Bandwidth = NIC_DEFAULT,
     latency: Latency = LATENCY_DEFAULT,
     alpha: Alpha = ALPHA_DEFAULT,
     propagation: Propagation = "0",

@@ -14,7 +14,7 @@ from lightrail.fabric.circuits import check_partial_permutation
 from lightrail.fabric.topology import NodeKind, Topology
 
 __all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "photonic_rails", "square_shape",
-           "build_topology", "TOPOLOGIES",
+           "build_topology", "TOPOLOGIES", "HOSTS_PER_LEAF",
            "NVLINK_BANDWIDTH", "NIC_BANDWIDTH", "GPUS_PER_SERVER"]
 
 # H100/H200 HGX: NVLink 4 gives 900 GB/s per GPU bidirectional, i.e. 450 GB/s each way
@@ -23,6 +23,8 @@ NVLINK_BANDWIDTH = 450e9
 NIC_BANDWIDTH = 400e9 / 8
 GPUS_PER_SERVER = 8
 """GPUs of an HGX server (one NVLink domain), and so the rails of a rail-optimized cluster."""
+HOSTS_PER_LEAF = 32
+"""GPUs under one leaf switch of a fat-tree (half of a 64-port switch's ports face down)."""
 
 
 def _check_n(n: int, field: str = "ranks") -> None:
@@ -123,7 +125,7 @@ def torus(shape: tuple[int, ...], *, bandwidth: float = NIC_BANDWIDTH, latency: 
     return _build(name, np.full(n, NodeKind.GPU), src, dst, bandwidth, latency, hops, shape=shape)
 
 
-def fat_tree(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0, hosts_per_leaf: int = 32,
+def fat_tree(n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0, hosts_per_leaf: int = HOSTS_PER_LEAF,
              oversubscription: float = 1.0) -> Topology:
     """Two-tier leaf-spine fat-tree; leaves have ``hosts_per_leaf * B / oversubscription`` uplink capacity.
 
@@ -257,7 +259,7 @@ TOPOLOGIES = ("switch", "ring", "torus2d", "torus3d", "fat-tree", "rails")
 
 def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0,
                    shape: tuple[int, ...] | None = None, gpus_per_server: int = GPUS_PER_SERVER,
-                   nvlink_bandwidth: float = NVLINK_BANDWIDTH, hosts_per_leaf: int = 32,
+                   nvlink_bandwidth: float = NVLINK_BANDWIDTH, hosts_per_leaf: int = HOSTS_PER_LEAF,
                    oversubscription: float = 1.0, routing: str = "pxn") -> Topology:
     """A topology by preset name for n GPUs; errors name the option at fault.
 
