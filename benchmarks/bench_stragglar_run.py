@@ -2,7 +2,7 @@
 lightrail's Ring and gloo's dist.all_reduce, per buffer size. Prints one JSON object; asserts nothing
 about speed. Writes out/bench/stragglar-run.json and out/bench/stragglar-run.png.
 
-Run: .venv/bin/python benchmarks/bench_stragglar_run.py [--delay 50ms] [--sizes 1MiB,4MiB] [--repeats 3]
+Run: .venv/bin/python benchmarks/bench_stragglar_run.py [--straggler-delay 50ms] [--sizes 1MiB,4MiB] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ OUT = Path("out/bench")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--delay", default="50ms", help="how late the straggler (rank 7) arrives")
+    parser.add_argument("--straggler-delay", "--delay", dest="delay", default="50ms",
+                        help="how late the straggler (rank 7) arrives (--delay: the old spelling)")
     parser.add_argument("--sizes", default="1MiB,4MiB,16MiB,64MiB,256MiB", help="comma list of buffer sizes")
     parser.add_argument("--repeats", type=int, default=3, help="timed trials per method and size (median)")
     args = parser.parse_args()
-    delay_s = parse_time(args.delay, field="--delay")
+    delay_s = parse_time(args.delay, field="--straggler-delay")
     sizes = [int(parse_size(s, field="--sizes")) for s in args.sizes.split(",") if s.strip()]
     rows = []
     start = time.perf_counter()
