@@ -20,6 +20,7 @@ from lightrail.cli.options import (
 )
 from lightrail.control.plan import Mode
 from lightrail.errors import ScenarioError
+from lightrail.fabric.builders import GPUS_PER_SERVER
 from lightrail.fabric.params import RECONFIG_DELAY
 from lightrail.units import parse_time
 
@@ -95,7 +96,8 @@ def controller_serve_cmd(
     = Path("lightrail-controller.db"),
     port: Annotated[int | None, typer.Option("--port", help="Rank protocol port (0: any free port).")] = None,
     admin_port: Annotated[int | None, typer.Option("--admin-port", help="HTTP admin API port (0: any free).")] = None,
-    rails: Annotated[int, typer.Option("--rails", help="Without --config: emulated OCS devices rail0..")] = 8,
+    rails: Annotated[int, typer.Option("--rails", help="Without --config: emulated OCS devices rail0..")]
+    = GPUS_PER_SERVER,
     ports: Annotated[int, typer.Option("--ports", help="Without --config: ports per OCS.")] = 64,
     ocs_delay: Annotated[str, typer.Option("--ocs-delay", help="Without --config: the emulated OCS "
                                            "reconfiguration delay, e.g. 10ms.")] = DEFAULT_OCS_DELAY,

@@ -14,6 +14,7 @@ from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
 from lightrail.collectives.ring import ring_allgather_into, ring_reduce_scatter_into
 from lightrail.collectives.schedule import Schedule, ScheduleBuilder
+from lightrail.fabric.builders import GPUS_PER_SERVER
 
 __all__ = ["hierarchical_allreduce"]
 
@@ -21,7 +22,7 @@ __all__ = ["hierarchical_allreduce"]
 @register(Kind.ALLREDUCE, "hierarchical",
           summary="ring reduce-scatter in each server, ring AllReduce per rail, ring all-gather",
           steps="2(g-1) + 2(n/g-1)")
-def hierarchical_allreduce(n: int, *, gpus_per_server: int = 8) -> Schedule:
+def hierarchical_allreduce(n: int, *, gpus_per_server: int = GPUS_PER_SERVER) -> Schedule:
     """Two-level AllReduce with servers of ``g = gcd(n, gpus_per_server)`` consecutive ranks.
 
     Chunk ``l*m + j`` (m = n/g servers) is block l's j-th part: local rank l owns block l after the

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lightrail.errors import InfeasibleError, ScenarioError
+from lightrail.fabric.builders import GPUS_PER_SERVER
 from lightrail.fabric.costs import RAIL_SPEEDS, CostFacts
 from lightrail.units import parse_rate
 
@@ -181,7 +182,7 @@ def _check_cluster(num_gpus: object, gpus_per_server: object) -> int:
     return servers
 
 
-def rail_fabric_cost(num_gpus: int, *, gpus_per_server: int = 8, rail_speed: str = "400G",
+def rail_fabric_cost(num_gpus: int, *, gpus_per_server: int = GPUS_PER_SERVER, rail_speed: str = "400G",
                      kind: Literal["electrical", "photonic"] = "electrical", facts: CostFacts | None = None,
                      include_nic_transceivers: bool = True) -> FabricCost:
     """Port, transceiver and switch counts, power and capex of the ``gpus_per_server`` rails of a cluster.
@@ -301,7 +302,7 @@ class CostSweep:
         return {"rail_speed": self.rail_speed, "rows": self.rows()}
 
 
-def cost_sweep(gpu_counts: Iterable[int], *, gpus_per_server: int = 8, rail_speed: str = "400G",
+def cost_sweep(gpu_counts: Iterable[int], *, gpus_per_server: int = GPUS_PER_SERVER, rail_speed: str = "400G",
                facts: CostFacts | None = None) -> CostSweep:
     """:func:`compare` at every cluster size in ``gpu_counts``."""
     return CostSweep(rail_speed=rail_speed, gpus_per_server=gpus_per_server,

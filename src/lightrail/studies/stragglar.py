@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 from lightrail.collectives import Kind, get, verify
 from lightrail.errors import InfeasibleError, ScenarioError, UnsupportedError
-from lightrail.fabric.builders import NVLINK_BANDWIDTH, TOPOLOGIES, build_topology
+from lightrail.fabric.builders import GPUS_PER_SERVER, HOSTS_PER_LEAF, NVLINK_BANDWIDTH, TOPOLOGIES, build_topology
 from lightrail.fabric.topology import Topology
 from lightrail.timing import Engine
 from lightrail.units import format_time
@@ -307,8 +307,8 @@ def straggler_sweep(ranks: Sequence[int], delays: Sequence[float], size: float,
 
 
 def fabric_sweep(ranks: Sequence[int], delays: Sequence[float], size: float, topologies: Sequence[str], *,
-                 bandwidth: float, latency: float, alpha: float = 0.0, gpus_per_server: int = 8,
-                 hosts_per_leaf: int = 32, nvlink_bandwidth: float = NVLINK_BANDWIDTH,
+                 bandwidth: float, latency: float, alpha: float = 0.0, gpus_per_server: int = GPUS_PER_SERVER,
+                 hosts_per_leaf: int = HOSTS_PER_LEAF, nvlink_bandwidth: float = NVLINK_BANDWIDTH,
                  at_delay: float | None = None, at_ranks: int | None = None,
                  progress: Callable[[str], None] | None = None) -> StragglerSweep:
     """:func:`straggler_sweep` on fabrics named in :data:`~lightrail.fabric.builders.TOPOLOGIES`, built

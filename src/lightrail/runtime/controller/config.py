@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lightrail.errors import ScenarioError
+from lightrail.fabric.builders import GPUS_PER_SERVER
 from lightrail.fabric.params import RECONFIG_DELAY
 from lightrail.units import parse_time
 from lightrail.validation import first_error, read_mapping
@@ -60,7 +61,7 @@ class ControllerConfig(_Strict):
         return v
 
 
-def default_config(*, rails: int = 8, ports: int = 64, delay: float = RECONFIG_DELAY, port: int = 7600,
+def default_config(*, rails: int = GPUS_PER_SERVER, ports: int = 64, delay: float = RECONFIG_DELAY, port: int = 7600,
                    admin_port: int = 7601) -> ControllerConfig:
     """One emulated OCS per rail (``rail0``..), the shape of a rail-optimized cluster."""
     return ControllerConfig(port=port, admin_port=admin_port,
