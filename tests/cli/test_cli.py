@@ -68,6 +68,16 @@ def test_algorithms_lists_the_registry():
     assert {a["op"] for a in only["algorithms"]} == {"reducescatter"}
 
 
+def test_algorithms_mark_one_auto_per_kind_the_one_programs_resolve():
+    from lightrail.collectives import resolve
+
+    rows = json.loads(run("algorithms", "--json").output)["algorithms"]
+    for op in {r["op"] for r in rows}:
+        auto = [r["algorithm"] for r in rows if r["op"] == op and r["auto"]]
+        assert auto == [resolve(op, "auto", 8).name], op
+    assert "ring (auto)" in run("algorithms", "--op", "allreduce").output
+
+
 @pytest.mark.parametrize(("args", "flag"), [
     (["--algo", "nope"], "--algo"),
     (["--op", "scatter"], "--op"),

@@ -51,7 +51,9 @@ def print_reconfigurable(result: ReconfigurableResult, console: Console) -> None
 
 
 def algorithm_rows(listed: Sequence[Algorithm]) -> list[dict]:
-    return [{"op": str(a.kind), "algorithm": a.name, "steps": a.steps, "summary": a.summary} for a in listed]
+    """One row per algorithm; ``auto`` marks what a program's collective runs when it names none."""
+    return [{"op": str(a.kind), "algorithm": a.name, "steps": a.steps, "summary": a.summary, "auto": a.auto}
+            for a in listed]
 
 
 def print_algorithms(listed: Sequence[Algorithm], console: Console) -> None:
@@ -59,7 +61,7 @@ def print_algorithms(listed: Sequence[Algorithm], console: Console) -> None:
     for col in ("op", "algorithm", "steps", "summary"):
         table.add_column(col)
     for r in algorithm_rows(listed):
-        table.add_row(r["op"], r["algorithm"], r["steps"], r["summary"])
+        table.add_row(r["op"], r["algorithm"] + (" (auto)" if r["auto"] else ""), r["steps"], r["summary"])
     console.print(table)
 
 
