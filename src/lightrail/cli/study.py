@@ -73,3 +73,54 @@ def study_collectives_cmd(
         print_json(result.to_dict())
     else:
         print_study(result, out, out_dir)
+
+
+@study_app.command("scaleup")
+@friendly
+def study_scaleup_cmd(
+    racks: Annotated[int, typer.Option("--racks", help="Racks of 64 accelerators (4x4x4 torus) each.")] = 100,
+    requests: Annotated[int, typer.Option("--requests", help="Slice requests to replay (ignored with --trace).")]
+    = 10_000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the request stream and the failures.")] = 0,
+    load: Annotated[float, typer.Option("--load", help="Offered load, a fraction of the accelerators.")] = 0.9,
+    mtbf_hours: Annotated[float, typer.Option("--mtbf-hours", help="Mean time between failures of one "
+                                              "accelerator, hours (inf: no failures).")] = 50_000.0,
+    spare_servers: Annotated[int, typer.Option("--spare-servers", help="Spare servers per rack, outside the torus "
+                                               "(Morphlux: 2 per 64 accelerators).")] = 2,
+    trace: Annotated[Path | None, typer.Option("--trace", help="CSV of requests: arrival_s,size,duration_s.",
+                                               show_default=False)] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV summary and plot.")]
+    = Path("out/study-scaleup"),
+    as_json: JsonOut = False,
+):
+    """Slices on scale-up racks: contiguous TPU-style blocks on an electrical torus against any free servers
+    joined by photonic circuits; acceptance, fragmentation, bandwidth, AllReduce time and failure recovery."""
+    from lightrail.errors import ScenarioError
+    from lightrail.fabric.scaleup import RackSpec
+    from lightrail.report.scaleup import print_study, write_study
+    from lightrail.studies.scaleup import ScaleupParams, parse_trace, scaleup_study
+
+    if mtbf_hours <= 0:
+        raise ScenarioError(f"{mtbf_hours} hours", field="--mtbf-hours", fix="use a positive number, or inf")
+    requests_given = None
+    if trace is not None:
+        try:
+            text = trace.read_text()
+        except OSError as e:
+            raise ScenarioError(f"cannot read {str(trace)!r}: {e.strerror}", field="--trace",
+                                fix="give a CSV file with the header arrival_s,size,duration_s") from None
+        requests_given = parse_trace(text)
+        requests = len(requests_given)
+    params = ScaleupParams(racks=racks, requests=requests, seed=seed, load=load, mtbf_s=mtbf_hours * 3600.0,
+                           spec=RackSpec(spare_servers=spare_servers))
+    progress, task = progress_bar(2 * params.requests, "scale-up study", as_json)
+    with progress:
+        result = scaleup_study(params, requests=requests_given, trace=str(trace) if trace else None,
+                               progress=lambda fab, done: progress.update(
+                                   task, completed=done + (params.requests if fab == "photonic" else 0),
+                                   description=f"scale-up: {fab}"))
+    files = write_study(result, out_dir)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_study(result, out, files)
