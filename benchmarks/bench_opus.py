@@ -14,9 +14,10 @@ import time
 
 import numpy as np
 
+from lightrail.fabric.params import OCS_DELAYS
 from lightrail.scenario import load_scenario, parse_scenario
 from lightrail.sim.iteration import simulate_iteration
-from lightrail.studies.rails import OCS_DELAYS, compare_rails, delay_sweep
+from lightrail.studies.rails import compare_rails, delay_sweep
 from lightrail.workload.program import build_program
 
 

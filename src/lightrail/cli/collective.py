@@ -36,7 +36,7 @@ from lightrail.cli.options import (
     parse_kind,
     parse_sizes,
     print_json,
-    progress_bar,
+    progress_steps,
     renamed,
 )
 from lightrail.collectives import algorithms, get
@@ -150,12 +150,11 @@ def collective_sweep_cmd(
     size_list = parse_sizes(sizes)
     fabric = build_fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
                           hosts_per_leaf, oversubscription)
-    progress, task = progress_bar(len(listed), f"{kind} on {fabric.name}", as_json)
-    with progress:
+    with progress_steps(len(listed), f"{kind} on {fabric.name}", as_json) as step:
         result = collective_sweep(kind, ranks, size_list, fabric, bandwidth=parse_rate(bandwidth, field="--bandwidth"),
                                   latency=parse_time(latency, field="--latency"),
                                   alpha=parse_time(alpha, field="--alpha"), names=[a.name for a in listed],
-                                  progress=lambda name: progress.update(task, advance=1, description=f"{kind}: {name}"),
+                                  progress=lambda name: step(f"{kind}: {name}"),
                                   gpus_per_server=gpus_per_server)
     write_collective_sweep(result, out_dir)
     if as_json:

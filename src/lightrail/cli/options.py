@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, TypeVar
 
@@ -244,3 +245,12 @@ def progress_bar(total: int, label: str, quiet: bool):
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True, disable=quiet or not err.is_terminal)
     return progress, progress.add_task(label, total=total)
+
+
+@contextmanager
+def progress_steps(total: int, label: str, quiet: bool) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr for ``total`` steps; yields ``step(description)``, the ``progress`` callback
+    the studies take (one call per finished step)."""
+    progress, task = progress_bar(total, label, quiet)
+    with progress:
+        yield lambda description: progress.update(task, advance=1, description=description)

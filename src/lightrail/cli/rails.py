@@ -20,11 +20,11 @@ from lightrail.cli.options import (
     parse_gpu_counts,
     parse_times,
     print_json,
-    progress_bar,
+    progress_steps,
     renamed,
 )
 from lightrail.fabric.builders import GPUS_PER_SERVER
-from lightrail.studies.rails import OCS_DELAYS
+from lightrail.fabric.params import OCS_DELAYS
 from lightrail.units import format_time
 
 DEFAULT_DELAYS = ",".join(format_time(d) if d else "0" for d in OCS_DELAYS)
@@ -58,9 +58,8 @@ def simulate_cmd(
 
     ocs_delay = renamed(ocs_delay, old_delay, old="--delay", new="--ocs-delay")
     built = built_scenario(scenario, ocs_delay, mode)
-    progress, task = progress_bar(3 + len(ABLATION), f"simulating {built.scenario.name}", as_json)
-    with progress:
-        result = compare_rails(built, progress=lambda name: progress.update(task, advance=1, description=name))
+    with progress_steps(3 + len(ABLATION), f"simulating {built.scenario.name}", as_json) as step:
+        result = compare_rails(built, progress=step)
     write_simulate(result, out_dir)
     if as_json:
         print_json(result.to_dict())
@@ -104,9 +103,8 @@ def sweep_cmd(
 
     delays = parse_times(renamed(ocs_delays, old_delays, old="--delays", new="--ocs-delays"), "--ocs-delays")
     built = built_scenario(scenario)
-    progress, task = progress_bar(4 * len(delays), f"sweeping {built.scenario.name}", as_json)
-    with progress:
-        result = delay_sweep(built, delays, progress=lambda name: progress.update(task, advance=1, description=name))
+    with progress_steps(4 * len(delays), f"sweeping {built.scenario.name}", as_json) as step:
+        result = delay_sweep(built, delays, progress=step)
     write_sweep(result, out_dir)
     if as_json:
         print_json(result.to_dict())

@@ -15,7 +15,7 @@ from lightrail.cli.options import (
     old_spelling,
     parse_mode,
     print_json,
-    progress_bar,
+    progress_steps,
     renamed,
 )
 from lightrail.control.plan import Mode
@@ -69,11 +69,9 @@ def train_demo_cmd(
     delay = parse_time(ocs_delay, field="--ocs-delay")
     mode = parse_mode(mode)
     leases = _leases(leases)
-    progress, task = progress_bar(2, "train-demo", as_json)
-    with progress:
+    with progress_steps(2, "train-demo", as_json) as step:
         result = run_photonic_demo(config, ocs_delay_s=delay, mode=mode, gpus_per_server=gpus_per_server,
-                                   leases=leases, progress=lambda what: progress.update(task, advance=1,
-                                                                                        description=what))
+                                   leases=leases, progress=step)
     wrote = write_train_demo(result, out_dir)
     if as_json:
         print_json(result.to_dict())

@@ -30,6 +30,7 @@ from lightrail.cli.options import (
     parse_times,
     print_json,
     progress_bar,
+    progress_steps,
     renamed,
 )
 from lightrail.fabric.builders import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
@@ -172,12 +173,10 @@ def stragglar_sweep_cmd(
     nbytes = parse_size(size, field="--size")
     rate, hop, start = (parse_rate(bandwidth, field="--bandwidth"), parse_time(latency, field="--latency"),
                         parse_time(alpha, field="--alpha"))
-    progress, task = progress_bar(len(names) * len(rank_list), "StragglAR sweep", as_json)
-    with progress:
+    with progress_steps(len(names) * len(rank_list), "StragglAR sweep", as_json) as step:
         result = fabric_sweep(rank_list, delay_list, nbytes, names, bandwidth=rate, latency=hop, alpha=start,
                               gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, at_delay=at_s,
-                              at_ranks=at_ranks, progress=lambda label: progress.update(task, advance=1,
-                                                                                        description=label))
+                              at_ranks=at_ranks, progress=step)
     files = write_sweep(result, out_dir)
     if as_json:
         print_json(result.to_dict())

@@ -27,6 +27,7 @@ from lightrail.cli.options import (
     parse_times,
     print_json,
     progress_bar,
+    progress_steps,
     renamed,
 )
 from lightrail.units import parse_rate, parse_time
@@ -65,9 +66,8 @@ def study_collectives_cmd(
                      ports=ports, bandwidth=parse_rate(bandwidth, field="--bandwidth"),
                      latency=parse_time(latency, field="--latency"), alpha=parse_time(alpha, field="--alpha"),
                      propagation=parse_time(propagation, field="--propagation"))
-    progress, task = progress_bar(len(grid.ops) * len(grid.ranks), "collective study", as_json)
-    with progress:
-        result = collective_study(grid, progress=lambda name: progress.update(task, advance=1, description=name))
+    with progress_steps(len(grid.ops) * len(grid.ranks), "collective study", as_json) as step:
+        result = collective_study(grid, progress=step)
     write_study(result, out_dir)
     if as_json:
         print_json(result.to_dict())

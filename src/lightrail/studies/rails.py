@@ -19,7 +19,7 @@ from lightrail.workload.program import build_program
 if TYPE_CHECKING:
     from lightrail.scenario import Built
 
-__all__ = ["ABLATION", "BREAKDOWN", "OCS_DELAYS", "JobRuns", "PolicyRun", "DelayRun", "RailsComparison", "DelaySweep",
+__all__ = ["ABLATION", "BREAKDOWN", "JobRuns", "PolicyRun", "DelayRun", "RailsComparison", "DelaySweep",
            "compare_rails", "delay_sweep", "overhead_breakdown"]
 
 _KNOB_LABELS = {"skip_present": "+ skip if present", "partial": "+ partial reconfiguration",
@@ -32,10 +32,6 @@ BREAKDOWN = (("switching_delay_s", "switching"), ("drain_wait_s", "drain wait"),
              ("lost_overlap_s", "lost overlap"))
 """Parts of the photonic overhead (``overhead_breakdown``) and their labels, summing to photonic minus
 electrical time."""
-
-
-OCS_DELAYS = (0.0, 10e-3, 50e-3, 100e-3, 250e-3, 500e-3, 750e-3, 1.0)
-"""The OCS delays Opus sweeps (DESIGN.md "Defaults"), seconds: the delay sweep's default."""
 
 
 class JobRuns:
