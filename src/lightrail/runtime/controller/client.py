@@ -9,7 +9,8 @@ Leases (see docs/controller.md): ``acquire(key, lease=True)`` may return a lease
 records before it wakes the caller. Around every op the caller asks ``enter(key)``: True means the
 op runs under the lease, with no request; ``leave(key)`` after it. A revoke for a lease with no op
 in flight is acknowledged at once (the next op re-acquires); one inside an op is acknowledged as
-such, and ``leave`` sends the ``release`` when that op completes.
+such, and ``leave`` sends the ``release`` when that op completes. Once ``bye`` is sent, revokes are
+no longer answered: the bye gives every lease back (see ``_pushed``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class ControllerClient:
         self._detached: set[int] = set()  # replies nobody waits for (acks, fire-and-forget prepares)
         self._failed: list[dict] = []  # errors of detached requests, raised at the next wait
         self._closed = False
+        self._leaving = False  # bye sent (under _lock): no ack may follow it
         self._thread = threading.Thread(target=self._read, name=f"lightrail-controller-{rank}", daemon=True)
         self._thread.start()
 
@@ -157,6 +159,12 @@ class ControllerClient:
 
         revoke = parse_push(message)
         with self._lock:
+            if self._leaving:
+                # The controller pushed this before it read our bye, which gives back every lease (the
+                # rank's disconnect drops it from their holders). An ack sent now would reach the
+                # controller after the bye, where the group may be gone: the job's last bye deletes its
+                # groups, and the ack would be refused with "unknown group" (raised at the bye's wait).
+                return
             lease = self.leases.get(revoke.key)
             if lease is None or lease.id != revoke.lease or lease.revoked:
                 return  # already given back
@@ -230,5 +238,14 @@ class ControllerClient:
             self.wait(second)
 
     def bye(self, *, whole_job: bool = False) -> dict:
-        """Leave (free this rank's ports); ``whole_job`` ends the job for every rank."""
-        return self.call("bye", job=self.job) if whole_job else self.call("bye", job=self.job, rank=self.rank)
+        """Leave (free this rank's ports and its leases); ``whole_job`` ends the job for every rank.
+
+        The reader thread sends acks on its own, so the bye and the end of acks are one step under the
+        send lock: every ack goes out before the bye (the controller handles it while the group still
+        exists) or not at all (see ``_pushed``)."""
+        fields = {"job": self.job} if whole_job else {"job": self.job, "rank": self.rank}
+        with self._lock:
+            self._leaving = True
+            self.leases.clear()  # the bye ends them
+            request_id = self._send_locked("bye", **fields)
+        return self.wait(request_id)
