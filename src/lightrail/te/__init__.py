@@ -1,0 +1,1 @@
+"""Symphony: decentralized WAN traffic engineering (slice controllers, regularized TE, slicers)."""
