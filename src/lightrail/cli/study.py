@@ -124,3 +124,63 @@ def study_scaleup_cmd(
         print_json(result.to_dict())
     else:
         print_study(result, out, files)
+
+
+@study_app.command("te")
+@friendly
+def study_te_cmd(
+    topologies: Annotated[str, typer.Option("--topologies", help="Topologies, comma-separated (geant, abilene, "
+                                            "tatanld, a topohub key or a .json file).")] = "geant,abilene",
+    lambdas: Annotated[str, typer.Option("--lambdas", help="Regularizer weights to sweep, comma-separated.")]
+    = "0.001,0.01,0.1",
+    perturbations: Annotated[str, typer.Option("--perturbations", help="Demand errors to sweep, comma-separated.")]
+    = "0.02,0.05,0.1",
+    slice_counts: Annotated[str, typer.Option("--slice-counts", help="Slice counts to sweep, comma-separated.")]
+    = "2,5,8",
+    matrices: Annotated[int, typer.Option("--matrices", help="Traffic matrices per point.")] = 20,
+    objective: Annotated[str, typer.Option("--objective", help="max-flow, max-concurrent or min-mlu.")]
+    = "max-flow",
+    load: Annotated[float, typer.Option("--load", help="Generated traffic's best max link utilization.")] = 0.9,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the traffic, views and randomized slicer.")] = 0,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plots.")]
+    = Path("out/study-te"),
+    as_json: JsonOut = False,
+):
+    """Decentralized WAN TE (Symphony): overload of regularized vs unregularized slice controllers and blast
+    radius of each slicer, one factor at a time around 5 slices, lambda 0.01 and +-5% views."""
+    from lightrail.cli.te import DEFAULT_LAMBDA, te_setup
+    from lightrail.errors import ScenarioError
+    from lightrail.report.te import print_study, write_study
+    from lightrail.studies.te import sweep_setups, sweep_te
+
+    def floats(text: str, flag: str) -> tuple[float, ...]:
+        try:
+            values = tuple(float(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise ScenarioError(f"cannot read {text!r}", field=flag, fix="numbers separated by commas") from None
+        if not values:
+            raise ScenarioError("no values", field=flag, fix="give at least one number")
+        return values
+
+    names = tuple(t.strip() for t in topologies.split(",") if t.strip())
+    if not names:
+        raise ScenarioError("no topology", field="--topologies", fix="e.g. geant,abilene")
+    counts = floats(slice_counts, "--slice-counts")
+    if any(c != int(c) or c < 1 for c in counts):
+        raise ScenarioError(f"{slice_counts!r}", field="--slice-counts", fix="whole numbers >= 1, e.g. 2,5,8")
+    sweep = {"topology": names, "lam": floats(lambdas, "--lambdas"),
+             "perturbation": floats(perturbations, "--perturbations"), "slices": tuple(int(c) for c in counts)}
+    base = te_setup(topology=names[0], slices=5, lam=DEFAULT_LAMBDA, perturbation=0.05, objective=objective,
+                    paths=4, load=load, seed=seed, matrices=matrices)
+    setups = sweep_setups(base, sweep)
+    for s in setups:
+        s.check()
+    total = sum(s.matrices for s in setups)
+    progress, task = progress_bar(total, "te study", as_json)
+    with progress:
+        result = sweep_te(base, sweep, progress=lambda done, _total: progress.update(task, completed=done))
+    files = write_study(result, out_dir)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_study(result, out, files)

@@ -16,7 +16,7 @@ from lightrail.te.formulations import Objective, TeProblem
 from lightrail.te.inputs import load_topology, load_traffic
 from lightrail.te.network import Wan
 from lightrail.te.paths import DEFAULT_K, PathSet, k_shortest_paths
-from lightrail.te.slicing import OPTIMAL_MAX_NODES, Slicer, check_slices, slice_nodes
+from lightrail.te.slicing import OPTIMAL_MAX_NODES, Slicer, check_slices, optimal, slice_nodes
 from lightrail.te.traffic import gravity
 
 __all__ = ["CONTROLLERS", "DEFAULT_LAMBDA", "SWEEP", "TeSetup", "TeNetwork", "TeRun", "TeSweep", "prepare",
@@ -71,6 +71,8 @@ def prepare(setup: TeSetup) -> TeNetwork:
     setup.check()
     wan = load_topology(setup.topology)
     check_slices(wan.n, setup.slices)
+    if all(Slicer.parse(s) is Slicer.OPTIMAL for s in setup.slicers) and wan.n > OPTIMAL_MAX_NODES:
+        optimal(np.ones(wan.n), setup.slices)  # its error, before the paths of a large network are computed
     paths = k_shortest_paths(wan, setup.k)
     if setup.traffic is not None:
         demands = paths.demand_vector(load_traffic(setup.traffic, wan.n))[: setup.matrices]
