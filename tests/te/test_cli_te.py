@@ -59,13 +59,13 @@ def test_te_run_reads_a_traffic_file(tmp_path):
 
 
 def test_study_te_small_sweep(tmp_path):
-    result = run("study", "te", "--topologies", "abilene", "--lambdas", "0.01,0.1", "--perturbations", "0.05",
+    result = run("study", "te", "--topologies", "abilene", "--lambdas", "0.001,0.1", "--perturbations", "0.05",
                  "--slice-counts", "3,5", "--matrices", 2, "--json", "--out", tmp_path)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["rows"]
-    # base point (5 slices, lambda 0.01), lambda 0.1, 3 slices: 3 runs x 3 slicers x 2 controllers
+    # base point (5 slices, lambda 0.001), lambda 0.1, 3 slices: 3 runs x 3 slicers x 2 controllers
     assert len(rows) == 18
-    assert {(r["slices"], r["lambda"]) for r in rows} == {(5, 0.01), (5, 0.1), (3, 0.01)}
+    assert {(r["slices"], r["lambda"]) for r in rows} == {(5, 0.001), (5, 0.1), (3, 0.001)}
     assert all(set(METRICS) <= set(r) for r in rows)
     assert {p.name for p in tmp_path.iterdir()} >= {"study-te.json", "study-te.csv", "study-te-cdf.png",
                                                     "study-te-sweep.png", "study-te-blast.png"}

@@ -49,7 +49,7 @@ def fabricated(setup: TeSetup, divergence: dict[tuple[str, str], list[float]], b
     return TeRun(setup, network, {s: np.array(v) for s, v in slicings.items()}, per_matrix)
 
 
-TOY = TeSetup(topology="toy", slices=2, matrices=4, slicers=("contiguous", "randomized"))
+TOY = TeSetup(topology="toy", slices=2, lam=0.01, matrices=4, slicers=("contiguous", "randomized"))
 TOY_DIV = {("contiguous", "regularized"): [0.0, 0.0002, 0.0004, 0.0002],      # mean 0.0002
            ("contiguous", "unregularized"): [0.001, 0.0, 0.002, 0.0014],      # mean 0.0011: 5.5x
            ("randomized", "regularized"): [0.0, 0.0, 0.0, 0.0],
@@ -128,7 +128,7 @@ def toy_sweep() -> TeSweep:
     runs = []
     for topology, scale, slicers in (("toy", 1.0, ("contiguous", "randomized")),
                                      ("ring", 2.0, ("contiguous", "randomized", "optimal"))):
-        base = TeSetup(topology=topology, slices=2, matrices=4, slicers=slicers)
+        base = TeSetup(topology=topology, slices=2, lam=0.01, matrices=4, slicers=slicers)
         blast = {"contiguous": 0.6, "randomized": 0.45, "optimal": 0.4}
         variants = [base, replace(base, lam=0.001), replace(base, lam=0.1), replace(base, perturbation=0.1),
                     replace(base, slices=3), replace(base, lam=0.1, slices=3)]
@@ -189,7 +189,7 @@ def test_real_run_files(tmp_path):
 
 
 def test_real_sweep_files_and_single_run_sweeps(tmp_path):
-    sweep = sweep_te(TeSetup(topology="abilene", matrices=2), {"topology": ("abilene",), "lam": (0.001, 0.1)})
+    sweep = sweep_te(TeSetup(topology="abilene", lam=0.01, matrices=2), {"topology": ("abilene",), "lam": (0.001, 0.1)})
     assert len(sweep.runs) == 3
     files = write_study(sweep, tmp_path / "sweep")
     assert json.loads(files[0].read_text()) == sweep.to_dict()

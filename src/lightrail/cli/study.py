@@ -132,7 +132,7 @@ def study_te_cmd(
     topologies: Annotated[str, typer.Option("--topologies", help="Topologies, comma-separated (geant, abilene, "
                                             "tatanld, a topohub key or a .json file).")] = "geant,abilene",
     lambdas: Annotated[str, typer.Option("--lambdas", help="Regularizer weights to sweep, comma-separated.")]
-    = "0.001,0.01,0.1",
+    = "0.0001,0.001,0.01,0.1",
     perturbations: Annotated[str, typer.Option("--perturbations", help="Demand errors to sweep, comma-separated.")]
     = "0.02,0.05,0.1",
     slice_counts: Annotated[str, typer.Option("--slice-counts", help="Slice counts to sweep, comma-separated.")]
@@ -147,7 +147,7 @@ def study_te_cmd(
     as_json: JsonOut = False,
 ):
     """Decentralized WAN TE (Symphony): overload of regularized vs unregularized slice controllers and blast
-    radius of each slicer, one factor at a time around 5 slices, lambda 0.01 and +-5% views."""
+    radius of each slicer, one factor at a time around 5 slices, lambda 0.001 and +-5% views."""
     from lightrail.cli.te import DEFAULT_LAMBDA, te_setup
     from lightrail.errors import ScenarioError
     from lightrail.report.te import print_study, write_study

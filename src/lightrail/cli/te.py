@@ -17,7 +17,7 @@ te_app = typer.Typer(no_args_is_help=True,
                           "slicers.")
 app.add_typer(te_app, name="te")
 
-DEFAULT_LAMBDA = 0.01  # studies.te.DEFAULT_LAMBDA (kept literal so the CLI starts without numpy; a test pins it)
+DEFAULT_LAMBDA = 0.001  # studies.te.DEFAULT_LAMBDA (kept literal so the CLI starts without numpy; a test pins it)
 
 Topology = Annotated[str, typer.Option("--topology", help="geant, abilene, tatanld, geant2012, germany50, a topohub "
                                        "key (topozoo/Abilene) or a topology .json file.")]

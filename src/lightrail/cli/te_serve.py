@@ -28,7 +28,7 @@ def te_serve_cmd(
     slices: Annotated[int, typer.Option("--slices", help="Slice controllers = processes.")] = 3,
     lam: Annotated[float | None, typer.Option("--lambda", show_default=False,
                                               help="Weight of the regularizer lambda * sum_e u_e^2 (0: none; "
-                                                   "default: studies.te.DEFAULT_LAMBDA, 0.01).")] = None,
+                                                   "default: studies.te.DEFAULT_LAMBDA, 0.001).")] = None,
     perturbation: Annotated[float, typer.Option("--perturbation", help="Each controller's relative demand error, "
                                                 "uniform in +-P.")] = 0.05,
     objective: Annotated[str, typer.Option("--objective", help="max-flow, max-concurrent or min-mlu.")] = "max-flow",

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -32,10 +33,10 @@ FACTORS = (("lam", "lambda"), ("perturbation", "perturbation"), ("slices", "slic
 
 #: Per metric: its column heading and how a mean is shown.
 _HEADINGS = {
-    "divergence_overload_fraction": "divergence overload",
-    "worst_link_overload": "worst link overload",
+    "divergence_overload_fraction": "overload",
+    "worst_link_overload": "worst link",
     "throughput": "throughput",
-    "max_link_utilization": "max link util.",
+    "max_link_utilization": "max util.",
     "blast_radius": "blast radius",
 }
 
@@ -163,15 +164,16 @@ def _header(run: TeRun) -> str:
 
 def _metric_columns(table: Table) -> None:
     for m in METRICS:
-        table.add_column(_HEADINGS[m], justify="right")
+        table.add_column(_HEADINGS[m], justify="right", no_wrap=True)
 
 
 def print_run(run: TeRun, console: Console) -> None:
     """The setup, one row per (slicer, controller) of metric means, and the headline ratios."""
     console.print(escape(_header(run)), highlight=False, soft_wrap=True)
-    table = Table(title=f"Decentralized TE: mean over {_matrices(run)} traffic matrices", caption=_CAPTION)
-    table.add_column("slicer")
-    table.add_column("controller")
+    table = Table(title=f"Decentralized TE: mean over {_matrices(run)} traffic matrices", caption=_CAPTION,
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
+    table.add_column("slicer", no_wrap=True)
+    table.add_column("controller", no_wrap=True)
     _metric_columns(table)
     slicers = list(dict.fromkeys(s for s, _ in run.per_matrix))
     for i, slicer in enumerate(slicers):
