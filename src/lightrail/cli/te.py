@@ -56,8 +56,8 @@ def te_setup(*, topology: str, slices: int, lam: float, perturbation: float, obj
     from lightrail.te.formulations import Objective
     from lightrail.te.slicing import Slicer
 
-    chosen = tuple(Slicer) if slicers is None else tuple(Slicer.parse(s, field="--slicers")
-                                                         for s in slicers.split(",") if s.strip())
+    chosen = TeSetup.slicers if slicers is None else tuple(Slicer.parse(s, field="--slicers")
+                                                            for s in slicers.split(",") if s.strip())
     setup = TeSetup(topology=topology, slices=slices, lam=lam, perturbation=perturbation,
                     objective=Objective.parse(objective), k=paths, matrices=matrices, load=load, seed=seed,
                     traffic=None if traffic is None else str(traffic), slicers=chosen)

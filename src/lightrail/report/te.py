@@ -307,18 +307,24 @@ def factor_series(sweep: TeSweep, factor: str) -> dict[str, list[tuple[float, fl
 
 def print_study(sweep: TeSweep, console: Console, files: Sequence[Path]) -> None:
     """The rows grouped by topology, each topology's headline figures at its base point, the files written."""
-    table = Table(title=f"Decentralized TE study: {len(sweep.runs)} points, metrics as means over traffic matrices",
-                  caption=_CAPTION)
-    for col in ("topology", "slices", "lambda", "perturbation", "slicer", "controller"):
-        table.add_column(col, justify="right" if col in ("slices", "lambda", "perturbation") else "left")
-    _metric_columns(table)
+    # 80 columns fit when piped: factors abbreviated (k slices, lambda, +-P), controllers as reg / unreg
+    table = Table(title=f"Decentralized TE study: {len(sweep.runs)} points, means over traffic matrices",
+                  caption=_CAPTION + "; k: slices; P: demand error; reg / unreg: regularized / unregularized",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
+    for col in ("topology", "k", "lambda", "+-P", "slicer", "ctrl"):
+        table.add_column(col, justify="right" if col in ("k", "lambda", "+-P") else "left", no_wrap=True)
+    study_metrics = [m for m in METRICS if m != "max_link_utilization"]
+    short = {"worst_link_overload": "worst", "blast_radius": "blast"}
+    for m in study_metrics:
+        table.add_column(short.get(m, _HEADINGS[m]), justify="right", no_wrap=True)
     topologies = list(dict.fromkeys(r.setup.topology for r in sweep.runs))
     for t, topology in enumerate(topologies):
         rows = [row for run in sweep.runs if run.setup.topology == topology for row in run.rows()]
         for i, row in enumerate(rows):
             table.add_row(row["topology"], str(row["slices"]), f"{row['lambda']:g}",
-                          f"+-{100 * row['perturbation']:g}%", row["slicer"], row["controller"],
-                          *(_fmt(m, row[m]) for m in METRICS),
+                          f"{100 * row['perturbation']:g}%", row["slicer"],
+                          "reg" if row["controller"] == "regularized" else "unreg",
+                          *(_fmt(m, row[m]) for m in study_metrics),
                           end_section=i == len(rows) - 1 and t < len(topologies) - 1)
     console.print(table)
     for topology, base in base_runs(sweep).items():
