@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of torch from the local wheel; pinned so nothing pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,service,te]'
+	$(BIN)/pip install --quiet -e '.[test,service,te,fl]'
 	touch $(STAMP)
 
 setup: $(STAMP)
