@@ -134,6 +134,23 @@ def test_traffic_file_formats_round_trip(tmp_path):
         np.testing.assert_array_equal(load_traffic(tmp_path / name, wan.n), tms)
 
 
+def test_traffic_folder_of_one_matrix_per_file(tmp_path):
+    wan = load_topology("abilene")
+    tms = gravity(wan, 3, seed=2)
+    for t, m in enumerate(tms):  # n rows of n numbers, .npy, and one line: all read in name order
+        if t == 0:
+            (tmp_path / "t0.txt").write_text("\n".join(" ".join(map(repr, row)) for row in m.tolist()))
+        elif t == 1:
+            np.save(tmp_path / "t1.npy", m)
+        else:
+            (tmp_path / "t2.csv").write_text(",".join(map(repr, m.ravel().tolist())))
+    np.testing.assert_array_equal(load_traffic(tmp_path, wan.n), tms)
+    (tmp_path / "t3.txt").write_text("1 2 3")
+    with pytest.raises(ScenarioError, match="t3.txt has 3 numbers") as e:
+        load_traffic(tmp_path, wan.n)
+    assert e.value.field == "--traffic"
+
+
 @pytest.mark.parametrize("text, match", [("1 2 3", "not 12\\*12"), ("x" * 3, "cannot read"),
                                          (" ".join(["-1"] * 144), "negative")])
 def test_bad_traffic_file_names_the_flag(tmp_path, text, match):

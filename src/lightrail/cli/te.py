@@ -78,9 +78,9 @@ def te_run_cmd(
                                           "over.")] = 10,
     load: Load = 0.9,
     seed: Seed = 0,
-    traffic: Annotated[Path | None, typer.Option("--traffic", help="Matrix file in Gbps (.npy (T,n,n), or text: "
-                                                 "one n*n matrix per line); default: gravity model.",
-                                                 show_default=False)] = None,
+    traffic: Annotated[Path | None, typer.Option("--traffic", help="Matrices in Gbps: .npy (T,n,n), text with "
+                                                 "one n*n matrix per line, or a folder of one matrix per file; "
+                                                 "default: the gravity model.", show_default=False)] = None,
     slicers: Annotated[str, typer.Option("--slicers", help="Slicers to compare, comma-separated; the first one "
                                          "gives the top-level keys.")] = "randomized,contiguous,optimal",
     out_dir: Annotated[Path | None, typer.Option("--out", help="Also write JSON, CSV and CDF plots here.",

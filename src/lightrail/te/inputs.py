@@ -12,7 +12,8 @@ Links are undirected (two directed links of the given capacity); a link without
 Traffic matrices (``--traffic FILE``), Gbps, rows = sources and columns = destinations in the
 topology's node order (the diagonal is ignored): a ``.npy`` array of shape (T, n, n) or (n, n), or a
 text file with one matrix per line, its n*n numbers row-major, separated by spaces or commas
-(blank lines and ``#`` comments skipped).
+(blank lines and ``#`` comments skipped), or a folder of one matrix per file (``.npy`` (n, n), or text with
+n rows of n numbers), read in file-name order.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from lightrail.errors import ScenarioError
 from lightrail.te.network import DEFAULT_CAPACITY_GBPS, Wan
 from lightrail.validation import first_error, read_mapping
 
-__all__ = ["TOPOLOGIES", "load_topology", "load_traffic", "topohub_wan"]
+__all__ = ["TOPOLOGIES", "load_topology", "load_traffic", "load_traffic_array", "topohub_wan"]
 
 #: Short names of the embedded topologies. Topology Zoo's Kdl (754 nodes) is not in topohub's data
 #: (its generator leaves it out), so the large Topology Zoo network here is TataNld (143 nodes).
@@ -124,8 +125,15 @@ def load_topology(spec: str) -> Wan:
 
 
 def load_traffic(path: str | Path, n: int) -> np.ndarray:
-    """Matrices of shape (T, n, n) in Gbps from a ``.npy`` or text file (see the module docstring)."""
+    """Matrices of shape (T, n, n) in Gbps from a ``.npy`` or text file, or a folder of one matrix per file
+    (see the module docstring)."""
     path = Path(path)
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.suffix in (".npy", ".txt", ".csv"))
+        if not files:
+            raise ScenarioError(f"no .npy, .txt or .csv file in {str(path)!r}", field="--traffic",
+                                fix="one matrix per file, named in time order")
+        return np.concatenate([_one_matrix(f, n) for f in files])
     if not path.is_file():
         raise ScenarioError(f"no file {str(path)!r}", field="--traffic", fix="give a .npy or text matrix file")
     try:
@@ -145,6 +153,30 @@ def load_traffic(path: str | Path, n: int) -> np.ndarray:
     except (OSError, ValueError) as e:
         raise ScenarioError(f"cannot read {path.name}: {str(e).splitlines()[0]}", field="--traffic",
                             fix="numbers only, one matrix per line, or a .npy array") from None
+    return load_traffic_array(tms, n)
+
+
+def _one_matrix(path: Path, n: int) -> np.ndarray:
+    """One (1, n, n) matrix from a file of a folder: a .npy (n, n) array, or n*n numbers in any layout."""
+    if path.suffix == ".npy":
+        tms = load_traffic(path, n)
+    else:
+        try:
+            numbers = np.array(path.read_text().split("#", 1)[0].replace(",", " ").split(), dtype=float)
+        except (OSError, ValueError) as e:
+            raise ScenarioError(f"cannot read {path.name}: {str(e).splitlines()[0]}", field="--traffic",
+                                fix="numbers only: n rows of n, or one line of n*n") from None
+        if numbers.size != n * n:
+            raise ScenarioError(f"{path.name} has {numbers.size} numbers, not {n}*{n} = {n * n}", field="--traffic",
+                                fix="one n*n matrix per file, in node order")
+        tms = load_traffic_array(numbers.reshape(1, n, n), n)
+    if len(tms) != 1:
+        raise ScenarioError(f"{path.name} holds {len(tms)} matrices", field="--traffic", fix="one matrix per file")
+    return tms
+
+
+def load_traffic_array(tms: np.ndarray, n: int) -> np.ndarray:
+    """``tms`` checked: shape (T, n, n), finite, non-negative."""
     if tms.ndim == 2:
         tms = tms[None]
     if tms.ndim != 3 or tms.shape[1:] != (n, n) or len(tms) == 0:
