@@ -184,3 +184,87 @@ def study_te_cmd(
         print_json(result.to_dict())
     else:
         print_study(result, out, files)
+
+
+@study_app.command("fl")
+@friendly
+def study_fl_cmd(
+    clients: Annotated[int, typer.Option("--clients", help="Emulated edge clients (synthetic population).")]
+    = 10_000,
+    jobs: Annotated[int, typer.Option("--jobs", help="Collaborative-ML jobs (synthetic population).")] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the population and the check-ins.")] = 0,
+    clients_trace: Annotated[Path | None, typer.Option(
+        "--clients-trace", help="CSV of clients: client_id,cpu_ghz,memory_gb,os,speed (replaces --clients).",
+        show_default=False)] = None,
+    availability_trace: Annotated[Path | None, typer.Option(
+        "--availability-trace", help="CSV of online sessions: client_id,start_s,end_s (needs --clients-trace).",
+        show_default=False)] = None,
+    jobs_trace: Annotated[Path | None, typer.Option(
+        "--jobs-trace", help="CSV of jobs: arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work "
+        "(replaces --jobs).", show_default=False)] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plot.")]
+    = Path("out/study-fl"),
+    as_json: JsonOut = False,
+):
+    """Multi-tenant scheduling of collaborative ML (Propius): edge clients checking in, jobs with client
+    requirements, under fifo, random, srsf, irs and static; utilization, bindings/s, mean JCT, double bookings."""
+    import numpy as np
+
+    from lightrail.errors import ScenarioError
+    from lightrail.fl.policies import POLICIES
+    from lightrail.fl.population import (
+        parse_availability,
+        parse_clients,
+        parse_jobs,
+        synthetic_clients,
+        synthetic_jobs,
+        trace_population,
+    )
+    from lightrail.report.fl import print_study, write_study
+    from lightrail.studies.fl import FlParams, fl_study
+
+    def read(path: Path, flag: str, header: str) -> str:
+        try:
+            return path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ScenarioError(f"cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}", field=flag,
+                                fix=f"give a CSV file with the header {header}") from None
+
+    if clients < 1:
+        raise ScenarioError(f"{clients}", field="--clients", fix="use 1 or more")
+    if jobs < 1:
+        raise ScenarioError(f"{jobs}", field="--jobs", fix="use 1 or more")
+    if availability_trace is not None and clients_trace is None:
+        raise ScenarioError("an availability trace names clients of a clients trace", field="--availability-trace",
+                            fix="give --clients-trace too")
+    population = None
+    if clients_trace is not None or jobs_trace is not None:
+        rng = np.random.default_rng([seed, 0xF1])
+        if clients_trace is not None:
+            cl, ids = parse_clients(read(clients_trace, "--clients-trace", "client_id,cpu_ghz,memory_gb,os,speed"),
+                                    name=clients_trace.name)
+        else:
+            cl = synthetic_clients(clients, rng)
+            ids = tuple(f"c{i}" for i in range(clients))
+        sessions = None
+        if availability_trace is not None:
+            sessions = parse_availability(read(availability_trace, "--availability-trace",
+                                               "client_id,start_s,end_s"), ids, name=availability_trace.name)
+        if jobs_trace is not None:
+            jb = parse_jobs(read(jobs_trace, "--jobs-trace",
+                                 "arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work"), name=jobs_trace.name)
+        else:
+            jb = synthetic_jobs(jobs, cl, rng)
+        source = ", ".join(f"{flag} {p.name}" for flag, p in (("clients", clients_trace),
+                                                                ("availability", availability_trace),
+                                                                ("jobs", jobs_trace)) if p is not None)
+        population = trace_population(cl, ids, jb, sessions, seed=seed, source=source)
+    params = FlParams(clients=len(population.clients) if population else clients,
+                      jobs=len(population.jobs) if population else jobs, seed=seed)
+    with progress_steps(len(POLICIES), "fl study", as_json) as step:
+        result = fl_study(params, POLICIES, population=population, progress=step)
+    files = write_study(result, out_dir)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_study(result, out, files)
