@@ -1,0 +1,105 @@
+"""The job manager: jobs register their client requirements and report their rounds.
+
+``POST /jobs`` ``{requirements: {min_cpu_ghz, min_memory_gb, os: [...]}, rounds, demand, work, auto_rounds}`` ->
+``{"job": id}`` (round 0 opens at once); ``POST /jobs/{id}/round_start`` opens the current round (jobs registered
+with ``auto_rounds: false``); ``POST /jobs/{id}/round_end`` ends it (otherwise a round ends by itself when
+``demand`` results arrived, see :func:`lightrail.fl.store.complete`); ``GET /jobs``, ``GET /jobs/{id}``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lightrail.fl import store
+from lightrail.fl.model import OSES, os_code
+from lightrail.fl.services import Pool, add_error_handler, log_event, parse_args, serve_app, setup_logging
+
+ROLE = "job_manager"
+
+
+class Requirements(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min_cpu_ghz: float = Field(0.0, ge=0)
+    min_memory_gb: float = Field(0.0, ge=0)
+    os: list[str] = Field(default_factory=lambda: list(OSES))
+
+
+class Registration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requirements: Requirements = Field(default_factory=Requirements)
+    rounds: int = Field(gt=0)
+    demand: int = Field(gt=0)
+    work: float = Field(1.0, gt=0)
+    auto_rounds: bool = True
+
+
+def os_mask(names: list[str]) -> int:
+    mask = 0
+    for name in names:
+        mask |= 1 << os_code(name, field="requirements.os")
+    return mask
+
+
+def make_app(pool: Pool):
+    import fastapi
+
+    from lightrail.errors import ScenarioError
+
+    app = fastapi.FastAPI(title="lightrail fl job manager")
+    add_error_handler(app)
+
+    @app.get("/healthz")
+    def healthz():
+        return {"ok": True, "role": ROLE}
+
+    @app.post("/jobs")
+    def register(body: Registration):
+        mask = os_mask(body.requirements.os)
+        if not mask:
+            raise ScenarioError("no OS allowed", field="requirements.os", fix=f"list some of: {', '.join(OSES)}")
+        with pool.conn() as c:
+            job = store.register_job(c, min_cpu_ghz=body.requirements.min_cpu_ghz,
+                                     min_memory_gb=body.requirements.min_memory_gb, os_mask=mask, rounds=body.rounds,
+                                     demand=body.demand, work=body.work, auto_rounds=body.auto_rounds)
+        log_event("job_registered", job=job, rounds=body.rounds, demand=body.demand, os_mask=mask)
+        return {"job": job}
+
+    @app.get("/jobs")
+    def jobs():
+        with pool.conn() as c:
+            return store.jobs_view(c)
+
+    @app.get("/jobs/{job}")
+    def job_(job: int):
+        with pool.conn() as c:
+            for j in store.jobs_view(c):
+                if j["id"] == job:
+                    return j
+        raise ScenarioError(f"no job {job}", field="job", fix="register it with POST /jobs")
+
+    @app.post("/jobs/{job}/round_start")
+    def round_start(job: int):
+        with pool.conn() as c:
+            out = store.start_round(c, job)
+        log_event("round_start", **out)
+        return out
+
+    @app.post("/jobs/{job}/round_end")
+    def round_end(job: int):
+        with pool.conn() as c:
+            out = store.end_round(c, job)
+        log_event("round_end", **out)
+        return out
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(ROLE, argv)
+    setup_logging(ROLE)
+    pool = Pool(args.db, size=4)
+    serve_app(ROLE, make_app(pool), args, on_stop=pool.close)
+
+
+if __name__ == "__main__":
+    main()
