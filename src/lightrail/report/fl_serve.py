@@ -1,4 +1,5 @@
-"""``lightrail fl demo`` for people: throughput, rounds, per-job completion and the double-booking check."""
+"""``lightrail fl demo`` for people: throughput, rounds, per-job completion, the double-booking check and the data
+plane (root downloads vs. client model requests, the FedAvg check)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,19 @@ def print_demo(r: dict, console: Console) -> None:
                   highlight=False)
     console.print(f"  rounds completed {r['rounds_completed']}, all jobs completed: {r['all_jobs_completed']}, "
                   f"double bookings: {ok}, errors: {r['errors']}", highlight=False)
+    p = r.get("data_plane")
+    if p:
+        exact = "[green]yes[/]" if p["model_exact"] else "[bold red]NO[/]"
+        console.print(f"  data plane ({p['leaves']} leaves, model of {p['model_dim']}): {p['model_requests_clients']} "
+                      f"client model requests served by {p['model_downloads_root']} root downloads "
+                      f"([bold]{p['downloads_saved_ratio']}x[/]); {p['results_forwarded']} results forwarded in "
+                      f"{p['batches_forwarded']} batches; final models = FedAvg of the updates sent: {exact}",
+                      highlight=False)
+        if p.get("leaf_killed"):
+            k = p["leaf_killed"]
+            console.print(f"  leaf {k['leaf']} (pid {k['pid']}) killed in round {k['round']} of job {k['job']}: "
+                          f"{p['leaves_replaced']} leaf replaced, {p['recovered_results']} results recovered from "
+                          f"its state, {p['leaf_retries']} client retries", highlight=False)
     table = Table(title="jobs")
     for col in ("job", "rounds", "demand", "completed", "completion"):
         table.add_column(col, justify="right")
