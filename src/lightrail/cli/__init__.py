@@ -2,12 +2,18 @@
 
 One module per verb group; each registers its commands on :data:`lightrail.cli.app.app` when imported,
 and every module of this package is imported here, so a new verb group is one new module.
+
+Lean start: a verb module's top level imports only typer, ``lightrail.cli.options``/``app``, and light
+modules (``lightrail.defaults``, ``units``, ``errors``); numpy, scipy, matplotlib, torch, fastapi, the
+runtime and the library's planners are imported inside the command that uses them
+(``tests/cli/test_lean_start.py`` pins it; ``benchmarks/bench_startup.py`` measures it).
 """
 
 import importlib
 import pkgutil
+import sys
 
-from lightrail.cli.app import app
+from lightrail.cli.app import app, print_version
 
 __all__ = ["app", "main"]
 
@@ -19,4 +25,9 @@ for _info in pkgutil.iter_modules(__path__):
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        # Answered before Typer runs: Typer builds the whole command tree and imports pydantic to coerce
+        # even the root's flag (~0.1 s), all for one line. The root callback prints the same line.
+        print_version()
+        return
     app()

@@ -6,6 +6,7 @@ Every ``LightrailError`` becomes one line on stderr and exit code 2, with no tra
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Annotated
 
 import typer
@@ -67,8 +68,13 @@ def friendly(fn):
     return wrapper
 
 
+def print_version() -> None:
+    """``lightrail --version``'s one line (plain text: :func:`lightrail.cli.main` prints it before Typer runs)."""
+    sys.stdout.write(f"lightrail {__version__}\n")
+
+
 @app.callback(invoke_without_command=True)
 def _root(version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False):
     if version:
-        out.print(f"lightrail {__version__}")
+        print_version()
         raise typer.Exit()

@@ -39,9 +39,8 @@ from lightrail.cli.options import (
     progress_steps,
     renamed,
 )
-from lightrail.collectives import algorithms, get
+from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF
 from lightrail.errors import ScenarioError
-from lightrail.fabric.builders import GPUS_PER_SERVER, HOSTS_PER_LEAF
 from lightrail.units import parse_rate, parse_size, parse_time
 
 
@@ -76,6 +75,7 @@ def collective_cmd(
 ):
     """Simulate one collective: time, algorithm and bus bandwidth, steps, and the verifier's proof;
     with --reconfigurable, the exact reconfiguration plan on a circuit fabric."""
+    from lightrail.collectives import get
     from lightrail.report.collective import print_collective, print_reconfigurable
     from lightrail.studies.collective import evaluate, reconfigurable_collective
 
@@ -112,6 +112,7 @@ def algorithms_cmd(
     as_json: JsonOut = False,
 ):
     """List the collective algorithms lightrail can generate and verify."""
+    from lightrail.collectives import algorithms
     from lightrail.report.collective import algorithm_rows, print_algorithms
 
     listed = algorithms(parse_kind(op)) if op else algorithms()
@@ -142,6 +143,7 @@ def collective_sweep_cmd(
     as_json: JsonOut = False,
 ):
     """Compare every algorithm of an op over message sizes: table, JSON, CSV and a PNG plot."""
+    from lightrail.collectives import algorithms, get
     from lightrail.report.collective import print_collective_sweep, write_collective_sweep
     from lightrail.studies.collective import collective_sweep
 

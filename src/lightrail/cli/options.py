@@ -1,6 +1,8 @@
 """Options and parsers shared by the verbs: units, lists and ranges, the fabric, the scenario.
 
 Every parser names the flag it reads in its errors, so a bad value exits 2 saying which flag to fix.
+This module's top level stays cheap (typer and ``lightrail.defaults``, no numpy): every verb imports it
+when the CLI starts, so parsers that need the library import it inside themselves.
 """
 
 from __future__ import annotations
@@ -11,24 +13,17 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lightrail import collectives
 from lightrail.cli.app import err, given_on_command_line
-from lightrail.collectives import Kind
-from lightrail.control.plan import Mode
+from lightrail.defaults import ALPHA, HOP_LATENCY, NIC_BANDWIDTH, NVLINK_BANDWIDTH, TOPOLOGIES, Kind, Mode
 from lightrail.errors import ScenarioError, UnsupportedError
-from lightrail.fabric.builders import (
-    NIC_BANDWIDTH,
-    NVLINK_BANDWIDTH,
-    TOPOLOGIES,
-    build_topology,
-)
-from lightrail.fabric.params import ALPHA, HOP_LATENCY, ReconfigurableFabric
 from lightrail.units import format_time, parse_rate, parse_size, parse_time
+
+if TYPE_CHECKING:
+    from lightrail.fabric.params import ReconfigurableFabric
 
 KindOpt = Annotated[str, typer.Option("--op", help="Collective: " + ", ".join(k.value for k in Kind) + ".")]
 Ranks = Annotated[int, typer.Option("--ranks", "-n", help="Number of ranks (GPUs), 2 or more.")]
@@ -37,13 +32,13 @@ Bandwidth = Annotated[str, typer.Option("--bandwidth", help="Per-GPU network lin
 Latency = Annotated[str, typer.Option("--latency", help="Latency per hop (link), e.g. 1us.")]
 Alpha = Annotated[str, typer.Option("--alpha", help="Start-up cost per step, e.g. 3us.")]
 LATENCY_DEFAULT = format_time(HOP_LATENCY)
-"""``--latency``'s default, the fabric's (``fabric.params.HOP_LATENCY``)."""
+"""``--latency``'s default, the fabric's (``defaults.HOP_LATENCY``)."""
 NIC_DEFAULT = f"{NIC_BANDWIDTH * 8 / 1e9:g}Gbps"
-"""``--bandwidth``'s default for fabrics of NICs (``fabric.builders.NIC_BANDWIDTH``)."""
+"""``--bandwidth``'s default for fabrics of NICs (``defaults.NIC_BANDWIDTH``)."""
 NVLINK_DEFAULT = f"{NVLINK_BANDWIDTH / 1e9:g}GBps"
-"""``--nvlink-bandwidth``'s default and StragglAR's NVSwitch-style link rate (``fabric.builders.NVLINK_BANDWIDTH``)."""
+"""``--nvlink-bandwidth``'s default and StragglAR's NVSwitch-style link rate (``defaults.NVLINK_BANDWIDTH``)."""
 ALPHA_DEFAULT = format_time(ALPHA)
-"""``--alpha``'s default, the fabric's (``fabric.params.ALPHA``)."""
+"""``--alpha``'s default, the fabric's (``defaults.ALPHA``)."""
 Shape = Annotated[str | None, typer.Option("--shape", help="Torus sides, e.g. 32x32 (default: most square).")]
 GpusPerServer = Annotated[int, typer.Option("--gpus-per-server",
                                             help="Servers' NVLink domain size (rails, hierarchical).")]
@@ -151,6 +146,8 @@ def parse_times(text: str, field: str) -> list[float]:
 
 def parse_kind(text: str, *, field: str = "--op") -> Kind:
     """A collective's name (the registry's :func:`~lightrail.collectives.parse_kind`), errors naming ``field``."""
+    from lightrail import collectives
+
     try:
         return collectives.parse_kind(text)
     except UnsupportedError as e:
@@ -191,6 +188,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
 def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape: str | None, gpus_per_server: int,
                  nvlink_bandwidth: str, hosts_per_leaf: int, oversubscription: float):
     """A static fabric from the shared fabric flags."""
+    from lightrail.fabric.builders import build_topology
+
     check_ranks(ranks)
     if gpus_per_server < 1 or hosts_per_leaf < 1:
         field = "--gpus-per-server" if gpus_per_server < 1 else "--hosts-per-leaf"
@@ -205,6 +204,8 @@ def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape:
 def build_reconfigurable_fabric(ranks: int, *, ports: int, base: str, bandwidth: str, latency: str, alpha: str,
                                 propagation: str, ocs_delay: str) -> ReconfigurableFabric:
     """A circuit fabric (``ports`` optical ports per GPU over a static ``base``) from the flags."""
+    from lightrail.fabric.params import ReconfigurableFabric
+
     delay = parse_time(ocs_delay, field="--ocs-delay")
     return ReconfigurableFabric(n=check_ranks(ranks), ports=ports, base=base,
                                 bandwidth=parse_rate(bandwidth, field="--bandwidth"),
@@ -242,6 +243,8 @@ def print_json(obj) -> None:
 
 
 def progress_bar(total: int, label: str, quiet: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True, disable=quiet or not err.is_terminal)
     return progress, progress.add_task(label, total=total)

@@ -10,7 +10,7 @@ import typer
 
 from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import JsonOut, print_json
-from lightrail.control.pipswitch import MAX_PORTS, MESHES
+from lightrail.defaults import MAX_PORTS, MESHES
 
 
 @app.command("pipswitch")

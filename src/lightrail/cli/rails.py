@@ -23,8 +23,7 @@ from lightrail.cli.options import (
     progress_steps,
     renamed,
 )
-from lightrail.fabric.builders import GPUS_PER_SERVER
-from lightrail.fabric.params import OCS_DELAYS
+from lightrail.defaults import GPUS_PER_SERVER, OCS_DELAYS
 from lightrail.units import format_time
 
 DEFAULT_DELAYS = ",".join(format_time(d) if d else "0" for d in OCS_DELAYS)

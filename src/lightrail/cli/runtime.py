@@ -18,14 +18,12 @@ from lightrail.cli.options import (
     progress_steps,
     renamed,
 )
-from lightrail.control.plan import Mode
+from lightrail.defaults import GPUS_PER_SERVER, RECONFIG_DELAY, Mode
 from lightrail.errors import ScenarioError
-from lightrail.fabric.builders import GPUS_PER_SERVER
-from lightrail.fabric.params import RECONFIG_DELAY
 from lightrail.units import parse_time
 
 DEFAULT_OCS_DELAY = f"{RECONFIG_DELAY * 1e3:g}ms"
-"""The flags' default OCS delay, from the one default in ``fabric/params.py``."""
+"""The flags' default OCS delay, from the one default, ``defaults.RECONFIG_DELAY`` (``fabric.params``)."""
 
 
 def _leases(flag: bool | None) -> bool:

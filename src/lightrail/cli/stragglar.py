@@ -33,7 +33,7 @@ from lightrail.cli.options import (
     progress_steps,
     renamed,
 )
-from lightrail.fabric.builders import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
+from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
 from lightrail.units import parse_rate, parse_size, parse_time
 
 stragglar_app = typer.Typer(no_args_is_help=True, help="StragglAR: AllReduce with a persistent straggler.")

@@ -14,10 +14,10 @@ Chunk conventions (``nchunks`` = C):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
+from lightrail.defaults import Kind
 from lightrail.errors import UnsupportedError
 
 __all__ = ["Kind", "Collective", "FULL", "bus_factor"]
@@ -26,13 +26,8 @@ FULL = -1
 """Contributor value in a postcondition meaning "the reduction of all n ranks"."""
 
 
-class Kind(StrEnum):
-    ALLREDUCE = "allreduce"
-    REDUCESCATTER = "reducescatter"
-    ALLGATHER = "allgather"
-    ALLTOALL = "alltoall"
-    BROADCAST = "broadcast"
-    REDUCE = "reduce"
+# Kind (the collectives: allreduce, reducescatter, ...) lives in lightrail.defaults, so the CLI's help lists
+# them without importing numpy; re-exported here as collectives.collective.Kind and collectives.Kind.
 
 
 def bus_factor(kind: Kind, n: int) -> float:

@@ -14,7 +14,7 @@ from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import register
 from lightrail.collectives.ring import ring_allgather_into, ring_reduce_scatter_into
 from lightrail.collectives.schedule import Schedule, ScheduleBuilder
-from lightrail.fabric.builders import GPUS_PER_SERVER
+from lightrail.defaults import GPUS_PER_SERVER
 
 __all__ = ["hierarchical_allreduce"]
 

@@ -54,20 +54,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lightrail.defaults import MAX_PORTS, MESHES
 from lightrail.errors import ScenarioError
 
 __all__ = ["MESHES", "MAX_PORTS", "EXHAUSTIVE_ROUNDS", "PipSwitchResult", "lower_bound_rounds", "round_robin",
            "is_one_factorization", "crossbar_requirements", "trace", "order_changes", "rotation_changes",
            "plan_pipswitch"]
 
-MESHES = ("crossbar",)
-"""Mesh kinds ``plan_pipswitch`` can route on."""
-
 EXHAUSTIVE_ROUNDS = 7
 """Up to this many rounds every order is tried (7! = 5040); above it, greedy orders at their best rotation."""
 
-MAX_PORTS = 256
-"""Largest switch ``plan_pipswitch`` takes: it holds every round's n x n cells (256 ports: ~15 s, ~0.6 GB)."""
+# MESHES and MAX_PORTS live in lightrail.defaults (the CLI's help shows them without numpy); re-exported here.
 
 BAR, CROSS, FREE = 0, 1, -1
 """Required cell states; FREE: no circuit crosses the cell, any state will do."""

@@ -24,42 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 
-from lightrail.errors import InfeasibleError, ScenarioError
+from lightrail.defaults import Mode
+from lightrail.errors import InfeasibleError
 from lightrail.workload.parallel import Dim, Layout
 
 __all__ = ["Mode", "Circuits", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan", "runtime_plan"]
 
 
-class Mode(StrEnum):
-    """When a rail switches to the next phase's configuration (Opus, arXiv 2507.08119 section 5).
-
-    One spelling everywhere (CLI, scenario files, JSON): ``on-demand`` and ``provisioned``. The old
-    ``on_demand`` is still read (:meth:`parse`)."""
-
-    ON_DEMAND = "on-demand"
-    """Switch when the phase's first op checks in."""
-    PROVISIONED = "provisioned"
-    """Switch as soon as the previous phase's last op has released, hiding the delay behind compute."""
-
-    @classmethod
-    def _missing_(cls, value):
-        return cls.ON_DEMAND if value == "on_demand" else None
-
-    @classmethod
-    def parse(cls, value: str, *, field: str = "mode") -> Mode:
-        """``on-demand`` (or the old ``on_demand``) or ``provisioned``; a ScenarioError naming ``field`` else.
-
-        >>> Mode.parse("on_demand"), str(Mode.parse("provisioned"))
-        (<Mode.ON_DEMAND: 'on-demand'>, 'provisioned')
-        """
-        try:
-            return cls(value)
-        except ValueError:
-            raise ScenarioError(f"unknown mode {value!r}", field=field, fix="use on-demand or provisioned") from None
+# Mode (on-demand / provisioned) lives in lightrail.defaults, so the CLI shows it without importing numpy;
+# re-exported here as control.plan.Mode.
 
 
 Circuits = tuple[np.ndarray, np.ndarray, np.ndarray]

@@ -9,6 +9,7 @@ from math import prod
 
 import numpy as np
 
+from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, NIC_BANDWIDTH, NVLINK_BANDWIDTH, TOPOLOGIES
 from lightrail.errors import InfeasibleError, UnsupportedError
 from lightrail.fabric.circuits import check_partial_permutation
 from lightrail.fabric.topology import NodeKind, Topology
@@ -17,14 +18,8 @@ __all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "photonic
            "build_topology", "TOPOLOGIES", "HOSTS_PER_LEAF",
            "NVLINK_BANDWIDTH", "NIC_BANDWIDTH", "GPUS_PER_SERVER"]
 
-# H100/H200 HGX: NVLink 4 gives 900 GB/s per GPU bidirectional, i.e. 450 GB/s each way
-# (NVIDIA H100 datasheet); one ConnectX-7 400 Gb/s NIC per GPU (DESIGN.md "Defaults").
-NVLINK_BANDWIDTH = 450e9
-NIC_BANDWIDTH = 400e9 / 8
-GPUS_PER_SERVER = 8
-"""GPUs of an HGX server (one NVLink domain), and so the rails of a rail-optimized cluster."""
-HOSTS_PER_LEAF = 32
-"""GPUs under one leaf switch of a fat-tree (half of a 64-port switch's ports face down)."""
+# NVLINK_BANDWIDTH, NIC_BANDWIDTH, GPUS_PER_SERVER, HOSTS_PER_LEAF and TOPOLOGIES are defined (with their
+# sources) in lightrail.defaults, which the CLI reads without importing this module; re-exported here.
 
 
 def _check_n(n: int, field: str = "ranks") -> None:
@@ -252,9 +247,6 @@ def circuits(n: int, configurations, *, bandwidth: float = NIC_BANDWIDTH, latenc
     dst = np.concatenate([p[p >= 0] for p in perms]).astype(np.int32)
     return _build(f"circuits(n={n},ports={len(perms)})", np.full(n, NodeKind.GPU), src, dst, bandwidth,
                   latency, None, ports=len(perms))
-
-
-TOPOLOGIES = ("switch", "ring", "torus2d", "torus3d", "fat-tree", "rails")
 
 
 def build_topology(kind: str, n: int, *, bandwidth: float = NIC_BANDWIDTH, latency: float = 0.0,

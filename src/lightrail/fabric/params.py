@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from lightrail.defaults import ALPHA, HOP_LATENCY, OCS_DELAYS, RECONFIG_DELAY
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, ring, square_shape, torus
 from lightrail.fabric.topology import NodeKind, Topology
@@ -22,14 +23,8 @@ from lightrail.fabric.topology import NodeKind, Topology
 __all__ = ["RailFabric", "ReconfigurableFabric", "RECONFIG_DELAY", "OCS_DELAYS", "CHECK_IN_RTT", "COMMAND_LATENCY",
            "HOP_LATENCY", "ALPHA", "FabricKind", "Base"]
 
-RECONFIG_DELAY = 10e-3
-"""A MEMS optical circuit switch's reconfiguration delay, seconds (e.g. Polatis: 10-25 ms; DESIGN.md)."""
-OCS_DELAYS = (0.0, RECONFIG_DELAY, 50e-3, 100e-3, 250e-3, 500e-3, 750e-3, 1.0)
-"""The OCS delays Opus sweeps (DESIGN.md "Defaults"), seconds: the delay sweep's default."""
-HOP_LATENCY = 1e-6
-"""Latency of one hop (a link and its switch or NIC), seconds: about a microsecond on InfiniBand-class links."""
-ALPHA = 3e-6
-"""Start-up cost of one collective step, seconds (~3 us on NVLink-class links; DESIGN.md)."""
+# RECONFIG_DELAY, OCS_DELAYS, HOP_LATENCY and ALPHA are defined (with their sources) in lightrail.defaults,
+# which the CLI reads without importing this module; re-exported here.
 
 
 class FabricKind(StrEnum):

