@@ -83,6 +83,13 @@ class JobSection(_Strict):
     grad_bytes: int = Field(_JOB["grad_bytes"], description="Bytes per gradient element in the sync (2 = bf16).")
     schedule: Literal["1f1b", "gpipe"] = Field(_JOB["schedule"].value, description="Pipeline schedule: 1F1B (Megatron) "
                                                "or GPipe (all forwards, then all backwards).")
+    moe_dispatch: Literal["payload", "padded"] = Field(_JOB["moe_dispatch"], description="MoE all-to-all: payload "
+                                                       "(routed tokens only) or padded (every expert's capacity "
+                                                       "slots, GShard).")
+    capacity_factor: float = Field(_JOB["capacity_factor"], gt=0, description="Slots per expert over the uniform "
+                                   "share (moe_dispatch: padded).")
+    moe_imbalance: float = Field(_JOB["moe_imbalance"], ge=1, description="Max/mean tokens per destination rank of "
+                                 "the MoE all-to-all (1: uniform routing; lightrail moe bench measures it).")
 
 
 class OcsSection(_Strict):

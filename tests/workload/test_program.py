@@ -565,3 +565,38 @@ def test_scenario_job_defaults_are_the_jobs_except_the_buckets():
     # a scenario overlaps the gradient sync with the backward; the bare job keeps one bucket
     assert (section.pop("dp_buckets"), defaults.pop("dp_buckets")) == (SCENARIO_DP_BUCKETS, 1)
     assert {k: v for k, v in section.items() if k in defaults} == defaults
+
+
+def _ep_ops(prog):
+    return [op for ops in prog.stages for op in ops if isinstance(op, CollectiveOp) and op.dim is Dim.EP]
+
+
+def test_ep_alltoall_bytes_follow_the_moe_layers_traffic_formulas():
+    """EP all-to-alls carry lightrail.moe.traffic's buffer: payload by default (the routed tokens; the engine
+    sends (ep-1)/ep of it, the rest stays local), padded with a capacity factor, payload scaled by imbalance."""
+    from lightrail.moe import traffic
+
+    lay = Layout.from_degrees(8, tp=2, ep=4, gpus_per_server=4)
+    model = small_moe()
+    wire = {}
+    for style, kw in (("payload", {}), ("padded", {"moe_dispatch": "padded", "capacity_factor": 1.5}),
+                      ("imbalanced", {"moe_imbalance": 1.3})):
+        prog = build_program(job(model, lay, **kw))
+        want = traffic.alltoall_buffer_bytes("padded" if style == "padded" else "payload", TOKENS, 2, 64, 2, 4, 4,
+                                             capacity_factor=kw.get("capacity_factor", 1.0),
+                                             imbalance=kw.get("moe_imbalance", 1.0)) / 2
+        assert {op.nbytes for op in _ep_ops(prog)} == {want}
+        wire[style] = want * 2 * 3 / 4  # undo /tp, keep the (ep-1)/ep that leaves the rank
+    assert wire["payload"] == traffic.payload_bytes(TOKENS, 2, 64, 2, 4) == TOKENS * 2 * 64 * 2 * 3 / 4
+    assert wire["padded"] == traffic.padded_bytes(TOKENS, 2, 64, 2, 4, 4, 1.5)
+    assert wire["padded"] > wire["payload"]
+    assert wire["imbalanced"] == pytest.approx(1.3 * wire["payload"])
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"moe_dispatch": "dense"}, "job.moe_dispatch"),
+                                           ({"capacity_factor": 0}, "job.capacity_factor"),
+                                           ({"moe_imbalance": 0.5}, "job.moe_imbalance")])
+def test_moe_dispatch_options_are_checked(kw, field):
+    with pytest.raises(InfeasibleError) as e:
+        job(small_moe(), Layout.from_degrees(8, tp=2, ep=4, gpus_per_server=4), **kw)
+    assert e.value.field == field

@@ -260,6 +260,23 @@ class ModelSpec:
         """Tokens sent to their ``top_k`` experts in one MoE layer, per direction (dispatch or combine)."""
         return _count(tokens, "tokens", minimum=0) * self.top_k * self.hidden * self.dtype_bytes
 
+    def moe_alltoall_bytes(self, tokens: int, ep: int, *, dispatch: str = "payload", capacity_factor: float = 1.0,
+                           imbalance: float = 1.0) -> float:
+        """One rank's EP all-to-all buffer for ``tokens`` tokens in one MoE layer, per direction, from the MoE
+        layer's own traffic formulas (:func:`lightrail.moe.traffic.alltoall_buffer_bytes`).
+
+        ``payload`` (routed tokens only; with ``imbalance`` 1 this is :meth:`moe_dispatch_bytes`) or
+        ``padded`` (``experts x capacity`` slots, ``capacity = ceil(capacity_factor * tokens * top_k /
+        experts)``). The buffer holds the rank's own chunk too; the ``(ep - 1) / ep`` that goes to other ranks
+        is what crosses the wire (:func:`~lightrail.moe.traffic.payload_bytes`, ``padded_bytes``)."""
+        from lightrail.moe.traffic import alltoall_buffer_bytes
+
+        tokens = _count(tokens, "tokens", minimum=0)
+        if not self.experts:
+            return 0
+        return alltoall_buffer_bytes(dispatch, tokens, self.top_k, self.hidden, self.dtype_bytes, ep, self.experts,
+                                     capacity_factor=capacity_factor, imbalance=imbalance)
+
     def kv_bytes(self, tokens: int) -> int:
         """K and V of ``tokens`` tokens in one layer: what a context-parallel ring passes per step."""
         return 2 * _count(tokens, "tokens", minimum=0) * self.kv_dim * self.dtype_bytes

@@ -158,6 +158,14 @@ class TrainingJob:
     """Bytes per gradient element in the data-parallel sync (bf16)."""
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     """Pipeline schedule; a string (``"1f1b"``, ``"gpipe"``) is read as a PipelineSchedule."""
+    moe_dispatch: str = "payload"
+    """EP all-to-all style (MoE models): ``payload`` sends routed tokens only, ``padded`` sends every expert's
+    ``capacity`` slots, full or not (GShard); bytes from :mod:`lightrail.moe.traffic`, as the MoE layer sends."""
+    capacity_factor: float = 1.25
+    """Slots per expert over the uniform share, for ``moe_dispatch: padded``."""
+    moe_imbalance: float = 1.0
+    """Max over mean tokens per destination rank (>= 1; ``lightrail moe bench`` reports the layer's): a payload
+    all-to-all finishes with its most loaded rank, so its chunks are scaled by this."""
 
     def __post_init__(self):
         m, lay = self.model, self.layout
@@ -181,6 +189,15 @@ class TrainingJob:
             (self.schedule in list(PipelineSchedule), "job.schedule", f"unknown schedule {self.schedule!r}",
              "use 1f1b or gpipe"),
         ]
+        if self.moe_dispatch not in ("payload", "padded"):
+            raise InfeasibleError(f"unknown dispatch style {self.moe_dispatch!r}", field="job.moe_dispatch",
+                                  fix="use payload or padded")
+        for name, low in (("capacity_factor", 0.0), ("moe_imbalance", 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    value > low if name == "capacity_factor" else value >= low):
+                raise InfeasibleError(f"{value!r} is not a number {'>' if low == 0 else '>='} {low:g}",
+                                      field=f"job.{name}", fix="e.g. 1.25" if low == 0 else "use 1 for uniform routing")
         for name in ("micro_batches", "micro_batch_size", "dp_buckets", "grad_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -249,7 +266,8 @@ def _stage_costs(job: TrainingJob, stage: int) -> dict:
         "bwd": fwd * m.backward_factor,
         "tp": (act, 2 * len(layers)),
         "cp": (m.kv_bytes(tokens) / lay.tp, len(layers)),
-        "ep": (m.moe_dispatch_bytes(tokens) / lay.tp, 2 * moe),
+        "ep": (m.moe_alltoall_bytes(tokens, lay.ep, dispatch=job.moe_dispatch, capacity_factor=job.capacity_factor,
+                                    imbalance=job.moe_imbalance) / lay.tp, 2 * moe),
         "pp": act / lay.tp,
     }
 

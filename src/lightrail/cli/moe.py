@@ -1,0 +1,55 @@
+"""``lightrail moe bench``: the MoE layer's dispatch variants on torch.distributed (gloo on CPU).
+
+Sizes are checked before any process starts; the errors name the flag (``--ranks`` not dividing
+``--experts``, ``--topk`` above ``--experts``, ``--tokens`` below 1...) and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lightrail.cli.app import app, err, friendly, out
+from lightrail.cli.options import JsonOut, print_json
+
+moe_app = typer.Typer(no_args_is_help=True, help="Mixture-of-experts: expert-parallel dispatch and combine.")
+app.add_typer(moe_app, name="moe")
+
+
+@moe_app.command("bench")
+@friendly
+def moe_bench_cmd(
+    ranks: Annotated[int, typer.Option("--ranks", "-n", help="Expert-parallel ranks (processes), dividing "
+                                       "--experts.")] = 8,
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens over all ranks (tokens / ranks each).")] = 8192,
+    experts: Annotated[int, typer.Option("--experts", help="Routed experts.")] = 64,
+    topk: Annotated[int, typer.Option("--topk", help="Experts per token.")] = 2,
+    hidden: Annotated[int, typer.Option("--hidden", help="Model width.")] = 1024,
+    ffn: Annotated[int, typer.Option("--ffn", help="Expert intermediate width (0: --hidden).")] = 0,
+    tiles: Annotated[int, typer.Option("--tiles", help="Token tiles of the pipelined payload variant.")] = 4,
+    capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="Padded variant: slots per expert "
+                                                   "over the uniform share.")] = 1.25,
+    iters: Annotated[int, typer.Option("--iters", help="Timed iterations (median), after --warmup.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed iterations first.")] = 1,
+    backward: Annotated[bool, typer.Option("--backward/--no-backward", help="Also time forward + backward.")] = True,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json and moe-bench.png.")] = Path(
+        "out/moe-bench"),
+    as_json: JsonOut = False,
+):
+    """Latency, tokens/s and bytes on the wire of payload-efficient pipelined dispatch, padded (GShard)
+    dispatch and un-pipelined payload dispatch, each checked against a single-process reference."""
+    from lightrail.moe.bench import BenchConfig, check_config, run_bench
+    from lightrail.report.moe import print_moe_bench, write_moe_bench
+
+    cfg = check_config(BenchConfig(ranks=ranks, tokens=tokens, experts=experts, topk=topk, hidden=hidden, ffn=ffn,
+                                   tiles=tiles, capacity_factor=capacity_factor, iters=iters, warmup=warmup,
+                                   backward=backward))
+    if not as_json:
+        err.print(f"running {ranks} gloo processes ...", highlight=False)
+    result = run_bench(cfg)
+    files = write_moe_bench(result, out_dir)
+    if as_json:
+        print_json({k: v for k, v in result.items() if k != "variants"})
+    else:
+        print_moe_bench(result, out, files)
