@@ -90,6 +90,9 @@ class JobSection(_Strict):
                                    "share (moe_dispatch: padded).")
     moe_imbalance: float = Field(_JOB["moe_imbalance"], ge=1, description="Max/mean tokens per destination rank of "
                                  "the MoE all-to-all (1: uniform routing; lightrail moe bench measures it).")
+    pipeline_layers: Literal["even", "balanced"] | list[int] = Field(
+        _JOB["pipeline_layers"], description="Layers per pipeline stage: even (pp divides the layers), balanced "
+        "(Llama 3 405B's recipe: one fewer on the first and last stages until they fit), or one count per stage.")
 
 
 class OcsSection(_Strict):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 from math import prod
 from typing import ClassVar, Protocol
 
@@ -34,8 +35,8 @@ from lightrail.workload.hardware import GPU, compute_seconds
 from lightrail.workload.model import ModelSpec
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["ComputeOp", "CollectiveOp", "SendOp", "RecvOp", "ProgramOp", "CommOp", "PipelineSchedule",
-           "TrainingJob", "Program", "build_program", "MFU", "SCENARIO_DP_BUCKETS"]
+__all__ = ["stage_layer_counts", "ComputeOp", "CollectiveOp", "SendOp", "RecvOp", "ProgramOp", "CommOp",
+           "PipelineSchedule", "TrainingJob", "Program", "build_program", "MFU", "SCENARIO_DP_BUCKETS"]
 
 MFU = 0.4
 """Model FLOPs utilisation assumed when a job gives none: large dense training runs report 0.3-0.5."""
@@ -136,6 +137,40 @@ class PipelineSchedule(StrEnum):
     """All forwards, then all backwards from the last micro-batch down, as autograd frees them."""
 
 
+def stage_layer_counts(layers: int, pp: int, rule: str | tuple[int, ...] | list[int] = "even") -> list[int]:
+    """Layers of each of ``pp`` pipeline stages by ``rule`` (see ``TrainingJob.pipeline_layers``).
+
+    >>> stage_layer_counts(126, 16, "balanced")[:2], stage_layer_counts(126, 16, "balanced")[-2:]
+    ([7, 8], [8, 7])
+    >>> stage_layer_counts(10, 4, "balanced")
+    [2, 3, 3, 2]
+    """
+    if isinstance(rule, str):
+        if rule == "even":
+            if layers % pp:
+                raise InfeasibleError(f"{layers} layers do not split into pp={pp} stages", field="parallel.pp",
+                                      fix="choose pp dividing the layer count, or set job.pipeline_layers: balanced")
+            return [layers // pp] * pp
+        if rule == "balanced":
+            per = -(-layers // pp)
+            counts = [per] * pp
+            order = [i for k in range((pp + 1) // 2) for i in dict.fromkeys((k, pp - 1 - k))]
+            for i in order[: per * pp - layers]:
+                counts[i] -= 1
+            if min(counts) < 1:
+                raise InfeasibleError(f"{layers} layers cannot fill pp={pp} stages", field="parallel.pp",
+                                      fix="use fewer pipeline stages than layers")
+            return counts
+        raise InfeasibleError(f"unknown rule {rule!r}", field="job.pipeline_layers",
+                              fix="even, balanced, or a list of layers per stage")
+    counts = [int(c) for c in rule]
+    if len(counts) != pp or min(counts, default=0) < 1 or sum(counts) != layers or any(
+            isinstance(c, bool) or int(c) != c for c in rule):
+        raise InfeasibleError(f"{list(rule)} is not {pp} stage sizes >= 1 summing to {layers} layers",
+                              field="job.pipeline_layers", fix="one count per pipeline stage, summing to the layers")
+    return counts
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingJob:
     """A model trained with a parallel layout on a kind of GPU; checked on construction."""
@@ -166,12 +201,18 @@ class TrainingJob:
     moe_imbalance: float = 1.0
     """Max over mean tokens per destination rank (>= 1; ``lightrail moe bench`` reports the layer's): a payload
     all-to-all finishes with its most loaded rank, so its chunks are scaled by this."""
+    pipeline_layers: str | tuple[int, ...] = "even"
+    """Layers per pipeline stage: ``even`` (pp must divide the layer count), ``balanced`` (Llama 3's recipe for
+    405B on 16 stages, sec. 3.3.2 of its report: one layer fewer on the first and last stages, which also hold the
+    embedding and the output layer, then on the next ones inwards, until the layers fit), or one count per stage."""
 
     def __post_init__(self):
         m, lay = self.model, self.layout
+        if isinstance(self.pipeline_layers, list):
+            object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
+        counts = stage_layer_counts(m.layers, lay.pp, self.pipeline_layers)
+        object.__setattr__(self, "_stage_starts", (0, *accumulate(counts)))
         checks = [
-            (m.layers % lay.pp == 0, "parallel.pp", f"{m.layers} layers do not split into pp={lay.pp} stages",
-             "choose pp dividing the layer count"),
             (m.heads % lay.tp == 0, "parallel.tp", f"{m.heads} heads do not split over tp={lay.tp}",
              "choose tp dividing the head count"),
             (m.kv_heads % lay.tp == 0, "parallel.tp", f"{m.kv_heads} key-value heads do not split over tp={lay.tp}",
@@ -215,8 +256,7 @@ class TrainingJob:
         return self.micro_batch_size * self.model.seq_len // self.layout.cp
 
     def stage_layers(self, stage: int) -> range:
-        per = self.model.layers // self.layout.pp
-        return range(stage * per, (stage + 1) * per)
+        return range(self._stage_starts[stage], self._stage_starts[stage + 1])
 
     def stage_params(self, stage: int) -> tuple[int, int]:
         """(dense, expert) parameters of a stage held by one rank (tp-sharded, experts ep-sharded)."""
