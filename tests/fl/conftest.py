@@ -4,7 +4,10 @@ helpers. pytest runs with ``--import-mode=importlib``: helpers reach tests as fi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import selectors
+import subprocess
 import time
 from pathlib import Path
 
@@ -30,6 +33,27 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
 @pytest.fixture
 def gone():
     return _gone
+
+
+def _read_ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
+    """The JSON ``ready`` line ``fl serve`` prints on stdout (failing if it exits or stays silent)."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sel.select(0.2):
+            line = proc.stdout.readline()
+            assert line, f"fl serve exited before it was ready (code {proc.wait(5)})"
+            msg = json.loads(line)
+            if msg.get("event") == "ready":
+                return msg
+        assert proc.poll() is None, f"fl serve exited with {proc.returncode}"
+    raise AssertionError("no ready line")
+
+
+@pytest.fixture
+def read_ready():
+    return _read_ready
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -77,21 +76,6 @@ def test_demo_with_a_leaf_killed_loses_and_doubles_nothing(demos):
 # ---- fl serve: a killed leaf's acknowledged results reach the root through its replacement ---------------------
 
 
-def _lines(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(0.2):
-            line = proc.stdout.readline()
-            assert line, f"fl serve exited before it was ready (code {proc.wait(5)})"
-            msg = json.loads(line)
-            if msg.get("event") == "ready":
-                return msg
-        assert proc.poll() is None, f"fl serve exited with {proc.returncode}"
-    raise AssertionError("no ready line")
-
-
 def _replaced(log, service: str, idx: int, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -111,13 +95,13 @@ def _all_pids(info: dict) -> list[int]:
     return out
 
 
-def test_serve_replaces_a_killed_leaf_with_its_state_and_stops_clean(tmp_path, gone):
+def test_serve_replaces_a_killed_leaf_with_its_state_and_stops_clean(tmp_path, gone, read_ready):
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([*CLI, "serve", "--leaves", "2", "--client-managers", "1", "--leaf-flush-interval-ms",
                              "0"], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     pids: list[int] = []
     try:
-        info = _lines(proc)
+        info = read_ready(proc)
         pids = _all_pids(info)
         ps = info["parameter_servers"]
         assert set(ps) == {"root", "leaves"} and len(ps["leaves"]) == 2 and len(info["pids"]["leaves"]) == 2

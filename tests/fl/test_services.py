@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -20,23 +19,8 @@ from lightrail.fl import store
 SERVE = [sys.executable, "-m", "lightrail.cli", "fl", "serve"]
 
 
-def _ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(0.2):
-            line = proc.stdout.readline()
-            assert line, f"fl serve exited before it was ready (code {proc.wait(5)})"
-            msg = json.loads(line)
-            if msg.get("event") == "ready":
-                return msg
-        assert proc.poll() is None, f"fl serve exited with {proc.returncode}"
-    raise AssertionError("no ready line")
-
-
 @pytest.fixture
-def serve(tmp_path, gone):
+def serve(tmp_path, gone, read_ready):
     """Start ``fl serve`` (stderr to a file); killed with its children at teardown if a test left it running."""
     started = []
 
@@ -44,7 +28,7 @@ def serve(tmp_path, gone):
         log = tmp_path / f"serve{len(started)}.log"
         proc = subprocess.Popen([*SERVE, *args], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
         started.append(proc)
-        info = _ready(proc)
+        info = read_ready(proc)
         started.append(info)
         return proc, info, log
 

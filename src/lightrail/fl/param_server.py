@@ -69,6 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.fl.aggregate import WEIGHTINGS, Partial, apply_mean, as_vector, result_weight
+from lightrail.web import JsonFormatter, start_web
 
 __all__ = ["RootState", "LeafState", "root_app", "leaf_app", "serve", "start_param_server", "stop_param_server",
            "main"]
@@ -91,13 +92,6 @@ def _error_body(e: LightrailError) -> dict:
 
 def _log(what: str, /, **fields) -> None:
     log.info(what, extra={"fields": fields})
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": record.getMessage()}
-        entry.update(getattr(record, "fields", {}))
-        return json.dumps(entry, default=str)
 
 
 def _check_job(job: str) -> str:
@@ -677,7 +671,7 @@ def leaf_app(state: LeafState):
 async def _serve(args, ready) -> None:
     from lightrail.runtime.controller.server import require_service
 
-    httpx, uvicorn = require_service("httpx", "uvicorn")
+    httpx = require_service("httpx", "uvicorn")[0]
     start = time.perf_counter()
     background: list[asyncio.Task] = []
     client = None
@@ -693,15 +687,7 @@ async def _serve(args, ready) -> None:
         app = leaf_app(state)
         extra = {"root": state.root, "leaf": state.leaf_id, "state": str(args.state) if args.state else None,
                  "recovered_jobs": recovered}
-    web = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off",
-                                        access_log=False))
-    web_task = asyncio.create_task(web.serve())
-    while not web.started:
-        if web_task.done():
-            await web_task  # raises the bind error
-            raise OSError(f"the {args.role} parameter server did not start on port {args.port}")
-        await asyncio.sleep(0.01)
-    port = web.servers[0].sockets[0].getsockname()[1]
+    web, web_task, port = await start_web(app, args.host, args.port, what=f"the {args.role} parameter server")
     info = {"role": args.role, "host": args.host, "port": port, **extra,
             "startup_s": round(time.perf_counter() - start, 4)}
     _log("ready", **info)
@@ -752,7 +738,7 @@ def serve(args, *, ready=None) -> None:
 
     require_service("fastapi", "uvicorn", "httpx")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
+    handler.setFormatter(JsonFormatter())
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from lightrail.errors import LightrailError
+from lightrail.web import JsonFormatter, start_web
 
 __all__ = ["ROLES", "Pool", "log_event", "parse_args", "serve_app", "error_body", "add_error_handler"]
 
@@ -36,16 +37,9 @@ ROLES = ("job_manager", "scheduler", "client_manager", "load_balancer")
 log = logging.getLogger("lightrail.fl")
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": record.getMessage()}
-        entry.update(getattr(record, "fields", {}))
-        return json.dumps(entry, default=str)
-
-
 def setup_logging(role: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
+    handler.setFormatter(JsonFormatter())
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -130,18 +124,8 @@ def serve_app(role: str, app, args, *, on_stop: Callable[[], None] | None = None
 
 
 async def _serve(role: str, app, args, on_stop) -> None:
-    import uvicorn
-
     start = time.perf_counter()
-    web = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
-                                        access_log=False))
-    task = asyncio.create_task(web.serve())
-    while not web.started:
-        if task.done():
-            await task
-            raise OSError(f"{role} did not start on port {args.port}")
-        await asyncio.sleep(0.01)
-    port = web.servers[0].sockets[0].getsockname()[1]
+    web, task, port = await start_web(app, args.host, args.port, what=role, lifespan="on")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -39,6 +39,7 @@ from lightrail.runtime.controller.protocol import (
     parse_request,
 )
 from lightrail.runtime.controller.store import Store
+from lightrail.web import JsonFormatter, start_web
 
 __all__ = ["serve", "admin_app", "metrics_text", "require_service"]
 
@@ -54,13 +55,6 @@ def require_service(*modules: str) -> tuple:
         raise LightrailError(f"{e.name or 'a module'} is not installed; the controller's HTTP admin API (and "
                              f"reading it) needs lightrail's optional extra 'service'", field="controller",
                              fix="pip install 'lightrail[service]'") from None
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": record.getMessage()}
-        entry.update(getattr(record, "fields", {}))
-        return json.dumps(entry, default=str)
 
 
 def _log(what: str, /, **fields) -> None:
@@ -229,22 +223,15 @@ def admin_app(controller: Controller):
 
 
 async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
-    _, uvicorn = require_service()
+    require_service()
     start = time.perf_counter()
     store = Store(state_path)
     connections: dict[tuple[str, int], asyncio.StreamWriter] = {}
     controller = Controller(config, store, log=_log, notify=_pusher(connections))
     server = await asyncio.start_server(lambda r, w: _handle(controller, r, w, connections), config.host, config.port)
     port = server.sockets[0].getsockname()[1]
-    web = uvicorn.Server(uvicorn.Config(admin_app(controller), host=config.host, port=config.admin_port,
-                                        log_level="warning", lifespan="off"))
-    web_task = asyncio.create_task(web.serve())
-    while not web.started:
-        if web_task.done():
-            await web_task  # raises the bind error
-            raise OSError(f"admin API did not start on port {config.admin_port}")
-        await asyncio.sleep(0.01)
-    admin_port = web.servers[0].sockets[0].getsockname()[1]
+    web, web_task, admin_port = await start_web(admin_app(controller), config.host, config.admin_port,
+                                                what="admin API", access_log=True)
     info = {"host": config.host, "port": port, "admin_port": admin_port, "state": state_path,
             "devices": len(controller.devices), "startup_s": round(time.perf_counter() - start, 4)}
     _log("ready", **info)
@@ -266,7 +253,7 @@ def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
     print the info as one JSON line on stdout). Without the extra ``service``, a LightrailError first."""
     require_service()  # before the log handler and the event loop: a missing extra is a one-line error
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter())
+    handler.setFormatter(JsonFormatter())
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False

@@ -1,0 +1,36 @@
+"""What every HTTP service of lightrail shares (the controller's admin API, the FL services, the parameter
+servers): JSON log lines, and starting uvicorn inside a running event loop and learning its port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+__all__ = ["JsonFormatter", "start_web"]
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log record: ``{"ts", "level", "event", **record.fields}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        return json.dumps(entry, default=str)
+
+
+async def start_web(app, host: str, port: int, *, what: str, lifespan: str = "off", access_log: bool = False):
+    """Serve ``app`` with uvicorn on ``host:port`` (0: any free port) in the running loop; returns
+    ``(server, task, port)`` once it listens. A bind error is raised here, not lost in the task; stop it with
+    ``server.should_exit = True`` and ``await task``."""
+    import uvicorn
+
+    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
+                                        access_log=access_log))
+    task = asyncio.create_task(web.serve())
+    while not web.started:
+        if task.done():
+            await task  # raises the bind error
+            raise OSError(f"{what} did not start on port {port}")
+        await asyncio.sleep(0.01)
+    return web, task, web.servers[0].sockets[0].getsockname()[1]
