@@ -222,3 +222,36 @@ class Engine:
                 cache[id(m)] = m.time(cb, self.alpha)
         times = np.array([cache[id(m)] for m in models])
         return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
+
+    # -- compressed schedules ------------------------------------------------------------------
+    def profile_compressed(self, schedule) -> list[StepModel]:
+        """:meth:`profile` of a ``CompressedSchedule`` without materialising its transfers: one model per
+        distinct pattern (its pairs routed once), shared by every step that applies it. The models equal
+        those :meth:`profile` builds from the expanded schedule."""
+        if schedule.nranks > len(self.placement):
+            raise InfeasibleError(f"{schedule.nranks} ranks do not fit on {len(self.placement)} GPUs of "
+                                  f"{self.topology.name}", field="ranks", fix="build a larger topology")
+        empty = StepModel(np.zeros(0), np.zeros(0))
+        n = len(self.placement)
+        models: list[StepModel] = []
+        for pattern in schedule.patterns:
+            if not pattern.ntransfers:
+                models.append(empty)
+                continue
+            src, dst, weight = pattern.pairs
+            if len(src) == n and np.all(weight == 1.0):
+                models.append(self.step_model(src, dst))  # what profile() does for one chunk per rank
+            else:
+                models.append(self.step_model(src, dst, weight))  # the same pairs and chunk counts
+        return [models[p] for p in schedule.step_pattern]
+
+    def time_compressed(self, schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
+        """:meth:`time` of a ``CompressedSchedule``: equals ``time(schedule.expand(), size)``."""
+        models = self.profile_compressed(schedule) if profile is None else profile
+        cb = schedule.chunk_bytes(size)
+        cache: dict[int, float] = {}
+        for m in models:
+            if id(m) not in cache:
+                cache[id(m)] = m.time(cb, self.alpha)
+        times = np.array([cache[id(m)] for m in models])
+        return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)

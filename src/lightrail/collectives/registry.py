@@ -43,6 +43,14 @@ class Algorithm:
         """Keyword parameters the generator takes besides n."""
         return [p for p in inspect.signature(self.build).parameters if p != "n"]
 
+    @property
+    def compressed(self) -> Callable | None:
+        """The compressed builder ``fn(n) -> CompressedSchedule | None`` of this algorithm, if it has one
+        (``collectives.compressed``)."""
+        from lightrail.collectives.compressed import compressed_builder
+
+        return compressed_builder(self.kind, self.name)
+
     def __call__(self, n: int, **params) -> Schedule:
         if n < 2 or not self.supports(n):
             raise UnsupportedError(f"{self.kind} {self.name} does not support {n} ranks", field="ranks",
