@@ -202,11 +202,14 @@ class Engine:
         return model.time(1.0, self.alpha)
 
     # -- schedules -----------------------------------------------------------------------------
+    def _check_fits(self, nranks: int) -> None:
+        if nranks > len(self.placement):
+            raise InfeasibleError(f"{nranks} ranks do not fit on {len(self.placement)} GPUs of "
+                                  f"{self.topology.name}", field="ranks", fix="build a larger topology")
+
     def profile(self, schedule: Schedule) -> list[StepModel]:
         """Per step, its timing model (steps with identical traffic share one object)."""
-        if schedule.nranks > len(self.placement):
-            raise InfeasibleError(f"{schedule.nranks} ranks do not fit on {len(self.placement)} GPUs of "
-                                  f"{self.topology.name}", field="ranks", fix="build a larger topology")
+        self._check_fits(schedule.nranks)
         empty = StepModel(np.zeros(0), np.zeros(0))
         ptr = schedule.step_ptr
         return [self.step_model(schedule.src[a:z], schedule.dst[a:z]) if z > a else empty
@@ -228,9 +231,7 @@ class Engine:
         """:meth:`profile` of a ``CompressedSchedule`` without materialising its transfers: one model per
         distinct pattern (its pairs routed once), shared by every step that applies it. The models equal
         those :meth:`profile` builds from the expanded schedule."""
-        if schedule.nranks > len(self.placement):
-            raise InfeasibleError(f"{schedule.nranks} ranks do not fit on {len(self.placement)} GPUs of "
-                                  f"{self.topology.name}", field="ranks", fix="build a larger topology")
+        self._check_fits(schedule.nranks)
         empty = StepModel(np.zeros(0), np.zeros(0))
         n = len(self.placement)
         models: list[StepModel] = []
@@ -247,11 +248,4 @@ class Engine:
 
     def time_compressed(self, schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
         """:meth:`time` of a ``CompressedSchedule``: equals ``time(schedule.expand(), size)``."""
-        models = self.profile_compressed(schedule) if profile is None else profile
-        cb = schedule.chunk_bytes(size)
-        cache: dict[int, float] = {}
-        for m in models:
-            if id(m) not in cache:
-                cache[id(m)] = m.time(cb, self.alpha)
-        times = np.array([cache[id(m)] for m in models])
-        return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
+        return self.time(schedule, size, profile=self.profile_compressed(schedule) if profile is None else profile)
