@@ -92,6 +92,7 @@ class Engine:
         self.alpha = float(alpha)
         self.placement = np.arange(topology.num_endpoints) if placement is None else np.asarray(placement)
         self._patterns: dict[bytes, StepModel] = {}
+        self._links_by_pair: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- routing -------------------------------------------------------------------------------
     def route(self, src_nodes: np.ndarray, dst_nodes: np.ndarray) -> Routes:
@@ -99,7 +100,6 @@ class Engine:
         topo = self.topology
         src_nodes, dst_nodes = np.asarray(src_nodes), np.asarray(dst_nodes)
         npairs = len(src_nodes)
-        indptr, order = topo.out_links
         hops = topo.hops(src_nodes, dst_nodes)
         if np.any(hops < 0):
             i = int(np.flatnonzero(hops < 0)[0])
@@ -112,14 +112,9 @@ class Engine:
         out_pair, out_link, out_frac = [], [], []
         level = 0  # every frontier entry is `level` hops from its source, on a shortest path
         while len(pair):
-            deg = indptr[node + 1] - indptr[node]
-            entry = np.repeat(np.arange(len(pair)), deg)
-            offset = np.arange(len(entry)) - np.repeat(np.cumsum(deg) - deg, deg)
-            link = order[indptr[node][entry] + offset]
+            entry, link = self._next_links(pair, node, dst_nodes[pair], hops[pair] - level)
             nxt = topo.dst[link]
             dest = dst_nodes[pair[entry]]
-            keep = topo.hops(nxt, dest) == hops[pair[entry]] - level - 1
-            entry, link, nxt, dest = entry[keep], link[keep], nxt[keep], dest[keep]
             share = frac[entry] / np.bincount(entry, minlength=len(pair))[entry]
             out_pair.append(pair[entry])
             out_link.append(link)
@@ -136,6 +131,52 @@ class Engine:
             np.maximum.at(lat_so_far, inv, lat[go])
             level += 1
         return Routes(_cat(out_pair, np.int64), _cat(out_link, np.int64), _cat(out_frac, float), latency, hops)
+
+    def _next_links(self, pair: np.ndarray, node: np.ndarray, dest: np.ndarray, left: np.ndarray):
+        """Frontier entry i (``pair[i]`` at ``node[i]``, ``left[i]`` hops from ``dest[i]``): the links out of
+        its node on a shortest path, as (entry, link) rows, entry-major and in link-CSR order within an entry.
+
+        An entry one hop from its destination takes the links ``node -> dest`` straight from a sorted index
+        (a switch has as many out-links as ports: expanding them all for every pair costs pairs x ports);
+        the others expand their node's out-links and keep those that get one hop closer."""
+        topo = self.topology
+        indptr, order = topo.out_links
+        last = left == 1
+        parts_e, parts_l = [], []
+        far = np.flatnonzero(~last)
+        if len(far):
+            deg = indptr[node[far] + 1] - indptr[node[far]]
+            e = np.repeat(far, deg)
+            offset = np.arange(len(e)) - np.repeat(np.cumsum(deg) - deg, deg)
+            link = order[indptr[node[e]] + offset]
+            keep = topo.hops(topo.dst[link], dest[e]) == left[e] - 1
+            parts_e.append(e[keep])
+            parts_l.append(link[keep])
+        near = np.flatnonzero(last)
+        if len(near):
+            keys, by_key = self._link_index
+            want = node[near].astype(np.int64) * topo.num_nodes + dest[near]
+            lo, hi = np.searchsorted(keys, want, side="left"), np.searchsorted(keys, want, side="right")
+            count = hi - lo
+            e = np.repeat(near, count)
+            offset = np.arange(len(e)) - np.repeat(np.cumsum(count) - count, count)
+            parts_e.append(e)
+            parts_l.append(by_key[np.repeat(lo, count) + offset])
+        if len(parts_e) == 1:
+            return parts_e[0], parts_l[0]
+        entry, link = np.concatenate(parts_e), np.concatenate(parts_l)
+        merge = np.argsort(entry, kind="stable")  # each entry's links come from one part, already in order
+        return entry[merge], link[merge]
+
+    @property
+    def _link_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Links sorted by (src, dst) node pair (stable: parallel links in link order) and their sort keys."""
+        if self._links_by_pair is None:
+            topo = self.topology
+            keys = topo.src.astype(np.int64) * topo.num_nodes + topo.dst
+            by_key = np.argsort(keys, kind="stable")
+            self._links_by_pair = (keys[by_key], by_key)
+        return self._links_by_pair
 
     # -- one step ------------------------------------------------------------------------------
     def _pairs(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None):
