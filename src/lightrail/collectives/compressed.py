@@ -234,9 +234,10 @@ class CompressedSchedule:
                 f"{self.ntransfers} transfers>")
 
 
-EXPAND_BELOW = 2**26
-"""XOR schedules with at most this many transfers are proven expanded (the explicit path's proof, same
-method string); larger ones by their XOR symmetry (``+xor``)."""
+EXPAND_BELOW = 2**22
+"""XOR schedules with at most this many transfers (halving-doubling up to 2,048 ranks, ~55 MB) are proven
+expanded (the explicit path's proof and method string); larger ones by their XOR symmetry (``+xor``), so memory
+stays linear in the ranks."""
 
 
 def _xor_symmetric(cs: CompressedSchedule) -> bool:
