@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 
-__all__ = ["JsonFormatter", "start_web"]
+__all__ = ["JsonFormatter", "json_logging", "start_web"]
 
 
 class JsonFormatter(logging.Formatter):
@@ -17,6 +18,15 @@ class JsonFormatter(logging.Formatter):
         entry = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": record.getMessage()}
         entry.update(getattr(record, "fields", {}))
         return json.dumps(entry, default=str)
+
+
+def json_logging(log: logging.Logger) -> None:
+    """Send ``log``'s records to stderr as JSON lines (and nowhere else)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 async def start_web(app, host: str, port: int, *, what: str, lifespan: str = "off", access_log: bool = False):

@@ -69,7 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.fl.aggregate import WEIGHTINGS, Partial, apply_mean, as_vector, result_weight
-from lightrail.web import JsonFormatter, start_web
+from lightrail.web import json_logging, start_web
 
 __all__ = ["RootState", "LeafState", "root_app", "leaf_app", "serve", "start_param_server", "stop_param_server",
            "main"]
@@ -737,11 +737,7 @@ def serve(args, *, ready=None) -> None:
     from lightrail.runtime.controller.server import require_service
 
     require_service("fastapi", "uvicorn", "httpx")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    json_logging(log)
     ready = ready or (lambda info: print(json.dumps({"event": "ready", **info}), flush=True))
     asyncio.run(_serve(args, ready))
 

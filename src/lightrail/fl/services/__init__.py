@@ -22,13 +22,12 @@ import logging
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 from lightrail.errors import LightrailError
-from lightrail.web import JsonFormatter, start_web
+from lightrail.web import json_logging, start_web
 
 __all__ = ["ROLES", "Pool", "log_event", "parse_args", "serve_app", "error_body", "add_error_handler"]
 
@@ -38,11 +37,7 @@ log = logging.getLogger("lightrail.fl")
 
 
 def setup_logging(role: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    json_logging(log)
     log.role = role  # type: ignore[attr-defined]
 
 

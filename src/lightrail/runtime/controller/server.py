@@ -19,7 +19,6 @@ import importlib
 import json
 import logging
 import signal
-import sys
 import time
 
 from pydantic import BaseModel, ConfigDict
@@ -39,7 +38,7 @@ from lightrail.runtime.controller.protocol import (
     parse_request,
 )
 from lightrail.runtime.controller.store import Store
-from lightrail.web import JsonFormatter, start_web
+from lightrail.web import json_logging, start_web
 
 __all__ = ["serve", "admin_app", "metrics_text", "require_service"]
 
@@ -252,10 +251,6 @@ def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
     """Run the controller until SIGTERM/SIGINT; ``ready(info)`` is called once it listens (default:
     print the info as one JSON line on stdout). Without the extra ``service``, a LightrailError first."""
     require_service()  # before the log handler and the event loop: a missing extra is a one-line error
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    json_logging(log)
     ready = ready or (lambda info: print(json.dumps({"event": "ready", **info}), flush=True))
     asyncio.run(_serve(config, state_path, ready))
