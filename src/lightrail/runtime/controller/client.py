@@ -44,7 +44,7 @@ class Lease:
 
 class ControllerClient:
     def __init__(self, host: str, port: int, *, job: str, rank: int, timeout: float | None = 300.0,
-                 on_revoke: Callable[[str, bool], None] | None = None):
+                 on_revoke: Callable[[str, bool], None] | None = None, token: str | None = None):
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:
@@ -54,6 +54,7 @@ class ControllerClient:
         self.sock.settimeout(None)  # the reader blocks; waits time out on their own
         self.reader = self.sock.makefile("rb")
         self.job, self.rank, self.timeout = job, rank, timeout
+        self.token = token  # the job's secret, from the operator's POST /jobs (sent in hello)
         self.on_revoke = on_revoke  # (key, inside) after each revoke answered; called on the reader thread
         self.leases: dict[str, Lease] = {}
         self.requests = 0  # requests sent (hello and bye excluded)
@@ -209,8 +210,14 @@ class ControllerClient:
             return lease is not None and not lease.revoked
 
     # -- the protocol's operations for this rank -------------------------------------------------------
-    def hello(self, world: int, ports: dict[str, int]) -> dict:
-        return self.call("hello", job=self.job, rank=self.rank, world=world, ports=ports)
+    def hello(self, world: int, ports: dict[str, int], *, spare: bool = False) -> dict:
+        extra = {"token": self.token} if self.token is not None else {}
+        if spare:
+            extra["spare"] = True
+        return self.call("hello", job=self.job, rank=self.rank, world=world, ports=ports, **extra)
+
+    def heartbeat(self) -> dict:
+        return self.call("heartbeat")
 
     def declare(self, key: str, members, circuits: dict[str, dict[int, int]], phase: str = "other") -> dict:
         circuits = {d: {str(i): int(o) for i, o in c.items()} for d, c in circuits.items()}
