@@ -370,3 +370,18 @@ def test_random_change_sets_keep_a_valid_state(duplex, data):
                 ocs.apply(changes, now=1.0)
             assert ocs.state() == before
         assert is_partial_permutation(ocs.state(), PORTS)
+
+
+def test_state_is_a_copy_that_follows_every_change():
+    """state() is cached between changes (the controller asks for it on every decision): the cache must
+    never outlive an apply or a restore, and the caller's copy must not write through."""
+    ocs = EmulatedOCS(ports=4, delay_s=0.01)
+    mine = ocs.state()
+    mine[0] = 1
+    assert ocs.state() == {}
+    ocs.apply({0: 1, 1: 0}, now=0.0)
+    assert ocs.state() == {0: 1, 1: 0}
+    ocs.apply({0: None}, now=1.0)
+    assert ocs.state() == {1: 0}
+    ocs.restore({2: 3})
+    assert ocs.state() == {2: 3} and ocs.circuits.tx_target[0].tolist() == [-1, -1, 3, -1]

@@ -66,13 +66,14 @@ BAD_GROUPS = [
 
 @pytest.mark.parametrize("what,members,circuits,error,field", BAD_GROUPS, ids=[b[0] for b in BAD_GROUPS])
 def test_declare_refuses_bad_groups_naming_the_field(what, members, circuits, error, field, make, hello, declare,
-                                                     job_of, snapshot):
+                                                     acquire, job_of, snapshot):
     async def run():
         c, _ = make()
         job_of(c)
         hello(c, "other", 0, 1, rail0=6)
         key = "dp" if what.startswith("re-declared") else "new"
         assert declare(c, "j", "dp", [0, 1], {"rail0": {0: 1, 1: 0}}) == {"key": "dp"}
+        acquire(c, "j", 0, "dp")  # in use: a changed declaration is refused (an idle one is replaced)
         before = snapshot(c)
         groups = dict(c.groups)
         with pytest.raises(error) as e:
@@ -279,7 +280,7 @@ def test_bye_of_one_rank_frees_its_ports_and_the_last_one_ends_the_job(make, hel
         assert all(f.done() for f in fs)
         assert c.bye(Bye(op="bye", job="j", rank=1)) == {"remaining": 1}
         assert ("rail0", 1) not in c.owner and c.owner[("rail0", 0)] == "j"
-        assert c.store.jobs() == {"j": {"world": 2, "ranks": {0: {"rail0": 0, "rail1": 0}}}}
+        assert c.store.jobs() == {"j": {"world": 2, "spares": 0, "epoch": 0, "ranks": {0: {"rail0": 0, "rail1": 0}}}}
         g = c.groups[("j", "a")]
         assert g.holders == {0}  # rank 0 still uses the circuit: port 1 stays busy for everyone
         hello(c, "k", 0, 1, rail0=1)

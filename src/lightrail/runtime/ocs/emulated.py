@@ -69,15 +69,18 @@ class EmulatedOCS:
         self.circuit_changes = 0
         self.last_changed: set[int] = set()
         self.circuits = CircuitState(1, ports, self.delay_s)  # the same model the simulator's rails use
+        self._state: dict[int, int] | None = None  # state() cached between changes (the controller asks often)
 
     def __repr__(self) -> str:
         return (f"EmulatedOCS(name={self.name!r}, ports={self.ports}, delay_s={self.delay_s}, "
                 f"duplex={self.duplex}, lit={len(self.state())})")
 
     def state(self) -> dict[int, int]:
-        perm = self.circuits.tx_target[0]
-        lit = np.flatnonzero(perm >= 0)
-        return dict(zip(lit.tolist(), perm[lit].tolist(), strict=True))
+        if self._state is None:
+            perm = self.circuits.tx_target[0]
+            lit = np.flatnonzero(perm >= 0)
+            self._state = dict(zip(lit.tolist(), perm[lit].tolist(), strict=True))
+        return dict(self._state)
 
     def lit_at(self) -> float:
         """When the last change's circuits are lit (the largest dark-until over the ports)."""
@@ -102,6 +105,7 @@ class EmulatedOCS:
                                 fix="pass time.monotonic()")
         after = self.validate(changes)
         lit, inputs, outputs = self.circuits.configure(0, self._perm(after), float(now))
+        self._state = None
         if not len(inputs):
             return now
         self.reconfigurations += 1
@@ -113,6 +117,7 @@ class EmulatedOCS:
         config = validate_changes({}, state, ports=self.ports, duplex=self.duplex,
                                   allow_loopback=self.allow_loopback, device=self.name)
         self.circuits = CircuitState(1, self.ports, self.delay_s)
+        self._state = None
         self.circuits.tx_target[0] = self._perm(config)
         lit = np.flatnonzero(self.circuits.tx_target[0] >= 0)
         self.circuits.rx_source[0, self.circuits.tx_target[0, lit]] = lit
