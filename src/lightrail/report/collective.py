@@ -77,17 +77,17 @@ def sweep_csv(sweep: CollectiveSweep) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_collective_sweep(sweep: CollectiveSweep, out_dir: Path) -> list[Path]:
-    """sweep.png, sweep.json and sweep.csv in ``out_dir``."""
+def write_collective_sweep(sweep: CollectiveSweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """sweep.<fmt>, sweep.json and sweep.csv in ``out_dir``."""
     from lightrail.report.plots import plot_sweep  # matplotlib, only when a sweep is written
 
-    return [plot_sweep(sweep.rows(), out_dir / "sweep.png",
+    return [plot_sweep(sweep.rows(), out_dir / f"sweep.{fmt}",
                        title=f"{sweep.op} on {sweep.topology}, {sweep.ranks} ranks"),
             write_json(out_dir / "sweep.json", sweep.to_dict()),
             write_text(out_dir / "sweep.csv", sweep_csv(sweep))]
 
 
-def print_collective_sweep(sweep: CollectiveSweep, console: Console, out_dir: Path) -> None:
+def print_collective_sweep(sweep: CollectiveSweep, console: Console, out_dir: Path, *, fmt: str = "png") -> None:
     names, best = sweep.algorithms, sweep.best()
     table = Table(title=f"{sweep.op}, {sweep.ranks} ranks on {sweep.topology}: time per collective")
     table.add_column("size", justify="right")
@@ -99,4 +99,4 @@ def print_collective_sweep(sweep: CollectiveSweep, console: Console, out_dir: Pa
                  for n in names]
         table.add_row(format_size(s), *cells)
     console.print(table)
-    console.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'sweep.csv'}, {out_dir / 'sweep.png'}")
+    console.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'sweep.csv'}, {out_dir / f'sweep.{fmt}'}")

@@ -27,11 +27,11 @@ def study_csv(study: CollectiveStudy) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_study(study: CollectiveStudy, out_dir: Path) -> list[Path]:
-    """heatmap-<op>.png per op, summary.csv and study.json in ``out_dir``."""
+def write_study(study: CollectiveStudy, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """heatmap-<op>.<fmt> per op, summary.csv and study.json in ``out_dir``."""
     grid = study.grid
     written = [plot_speedup_heatmaps(op, list(grid.ranks), grid.sizes, grid.delays, study.speedups(op),
-                                     out_dir / f"heatmap-{op}.png",
+                                     out_dir / f"heatmap-{op}.{fmt}",
                                      title=f"{op}: reconfigurable ({grid.ports} ports) vs the best algorithm on a "
                                            f"static ring")
                for op in grid.ops]
@@ -43,7 +43,7 @@ def _size(nbytes) -> str:
     return format_size(nbytes) if nbytes else "none"
 
 
-def print_study(study: CollectiveStudy, console: Console, out_dir: Path) -> None:
+def print_study(study: CollectiveStudy, console: Console, out_dir: Path, *, fmt: str = "png") -> None:
     table = Table(title="reconfigurable vs static ring: best speedup per (op, ranks), and where")
     for col in ("op", "ranks", "max speedup", "at size", "at delay", "algorithm", "reconfigs"):
         table.add_column(col, justify="right" if col not in ("op", "algorithm") else "left")
@@ -65,4 +65,4 @@ def print_study(study: CollectiveStudy, console: Console, out_dir: Path) -> None
             console.print(f"n={f['ranks']:>5}: short-circuited recursive doubling beats Ring on the static ring up "
                           f"to (delay: size) {reach}; static recursive doubling only up to "
                           f"{_size(f['static_wins_up_to_size'])}")
-    console.print(f"wrote {out_dir / 'study.json'}, {out_dir / 'summary.csv'}, heat maps {out_dir}/heatmap-*.png")
+    console.print(f"wrote {out_dir / 'study.json'}, {out_dir / 'summary.csv'}, heat maps {out_dir}/heatmap-*.{fmt}")

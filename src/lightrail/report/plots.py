@@ -13,17 +13,36 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lightrail.report.files import write_atomic  # noqa: E402
 from lightrail.units import format_size  # noqa: E402
 
-__all__ = ["plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps", "plot_straggler_run",
-           "plot_straggler_speedups", "plot_train_demo"]
+__all__ = ["FORMATS", "figure_format", "plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps",
+           "plot_straggler_run", "plot_straggler_speedups", "plot_train_demo", "plot_sweep_cells"]
 
+FORMATS = ("png", "svg", "pdf")
+"""Static figure formats; a figure's format is its file's suffix."""
+
+
+def figure_format(path) -> str:
+    """The format a figure is written in: its file's suffix (png, svg or pdf)."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    if fmt not in FORMATS:
+        from lightrail.errors import ScenarioError
+
+        raise ScenarioError(f"cannot write a figure as {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
+    return fmt
+
+
+def _write(fig, path, **kwargs) -> Path:
+    """Write ``fig`` atomically in its file's format (raster formats at 120 dpi), then free it."""
+    fmt = figure_format(path)
+    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, **({"dpi": 120} | kwargs)))
+    plt.close(fig)
+    return Path(path)
 
 
 def _save(fig, path) -> Path:
-    """Lay out, write the PNG atomically, free the figure."""
-    fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    """Lay out, write atomically in the file's format, free the figure."""
+    if not fig.get_constrained_layout():
+        fig.tight_layout()
+    return _write(fig, path)
 
 def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     """Time and bus bandwidth against message size, one line per algorithm (log-log)."""
@@ -38,7 +57,7 @@ def plot_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
     for ax in (ax_t, ax_bw):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [format_size(t) for t in ticks], rotation=45, fontsize=8)
-        ax.set_xlabel("message size per rank")
+        ax.set_xlabel("message size per rank (bytes)")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time (s)")
@@ -102,16 +121,28 @@ def plot_overhead_breakdown(rows: Sequence[dict], path: Path, *, title: str) -> 
     return _save(fig, path)
 
 
+def _decade_below(values) -> float:
+    """The power of ten at or below the smallest positive ``|value|`` (1 if there is none): a symlog axis's
+    linear band ends there, so the smallest value still sits on the log part, not squashed near zero."""
+    import math
+
+    positive = [abs(v) for v in values if v and math.isfinite(v)]
+    return 10.0 ** math.floor(math.log10(min(positive))) if positive else 1.0
+
+
 def plot_delay_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
-    """Training overhead against OCS reconfiguration delay, one line per (policy, mode)."""
+    """Training overhead against OCS reconfiguration delay, one line per (policy, mode).
+
+    Both axes are symlog (0 delay and zero overhead must show) with the linear band below the smallest
+    non-zero value, so overheads of a fraction of a percent are as readable as hundreds of percent."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     keys = list(dict.fromkeys((r["policy"], r["mode"]) for r in rows))
     for policy, mode in keys:
         mine = sorted((r for r in rows if (r["policy"], r["mode"]) == (policy, mode)), key=lambda r: r["delay_s"])
         ax.plot([r["delay_s"] * 1e3 for r in mine], [r["overhead"] * 100 for r in mine], marker="o", ms=4,
                 linestyle="-" if policy == "lightrail" else "--", label=f"{policy}, {mode}")
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xscale("symlog", linthresh=_decade_below([r["delay_s"] * 1e3 for r in rows]), linscale=0.5)
+    ax.set_yscale("symlog", linthresh=_decade_below([r["overhead"] * 100 for r in rows]), linscale=0.5)
     ax.set_xlabel("OCS reconfiguration delay (ms)")
     ax.set_ylabel("iteration time overhead vs electrical rails (%)")
     ax.grid(True, which="both", alpha=0.3)
@@ -123,33 +154,91 @@ def plot_delay_sweep(rows: Sequence[dict], path: Path, *, title: str) -> Path:
 def plot_speedup_heatmaps(op: str, ranks: Sequence[int], sizes: Sequence[float], delays: Sequence[float],
                           speedup: dict, path: Path, *, title: str) -> Path:
     """Per rank count, a heat map of the reconfigurable fabric's speedup over the best algorithm on
-    the static ring, against message size (x) and reconfiguration delay (y)."""
+    the static ring, against message size (x) and reconfiguration delay (y). Constrained layout keeps
+    each panel's title clear of the rotated size ticks of the panel above."""
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
     cols = min(4, len(ranks))
     rows = -(-len(ranks) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows + 0.6), squeeze=False, layout="constrained")
     values = np.log2(np.concatenate([speedup[n].ravel() for n in ranks]))
     bound = max(1.0, float(np.nanmax(np.abs(values[np.isfinite(values)]))))
     norm = TwoSlopeNorm(vmin=-bound, vcenter=0.0, vmax=bound)
     image = None
-    for ax, n in zip(axes.ravel(), ranks, strict=False):
+    for k, (ax, n) in enumerate(zip(axes.ravel(), ranks, strict=False)):
         image = ax.imshow(np.log2(speedup[n]), aspect="auto", origin="lower", cmap="RdBu", norm=norm)
-        ax.set_title(f"n = {n}", fontsize=9)
+        ax.set_title(f"n = {n} ranks", fontsize=9)
         ticks = list(range(0, len(sizes), 4))
         ax.set_xticks(ticks, [format_size(sizes[i]) for i in ticks], rotation=45, fontsize=7)
-        ax.set_yticks(range(len(delays)), [f"{d * 1e6:g}us" if d < 1e-3 else f"{d * 1e3:g}ms" for d in delays],
-                      fontsize=7)
+        ax.set_yticks(range(len(delays)), [_delay_label(d) for d in delays], fontsize=7)
+        if k // cols == rows - 1 or k + cols >= len(ranks):
+            ax.set_xlabel("message size per rank (bytes)", fontsize=8)
+        if k % cols == 0:
+            ax.set_ylabel("OCS reconfiguration delay", fontsize=8)
     for ax in axes.ravel()[len(ranks):]:
         ax.axis("off")
     if image is not None:
         bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
         bar.set_label("log2 speedup (blue: reconfiguring wins)")
-    fig.suptitle(title, fontsize=11, y=1.03)
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight"))
-    plt.close(fig)
-    return Path(path)
+    fig.suptitle(title, fontsize=11)
+    return _write(fig, path, dpi=110)
+
+
+def plot_sweep_cells(rows: Sequence[dict], fields: Sequence[str], path: Path, *, title: str) -> Path:
+    """A sweep file's overhead per cell: against the one swept field, or a heat map over the first two
+    fields (one panel per combination of the others, at most six; the rest are left to the table)."""
+    import numpy as np
+
+    def axis(field):
+        return list(dict.fromkeys(r[field] for r in rows))
+
+    if len(fields) == 1:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        xs = axis(fields[0])
+        numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
+        pos = xs if numeric else list(range(len(xs)))
+        ys = [next(r["overhead"] for r in rows if r[fields[0]] == x) * 100 for x in xs]
+        ax.plot(pos, ys, marker="o", ms=4)
+        if not numeric:
+            ax.set_xticks(pos, [str(x) for x in xs], rotation=45, fontsize=8)
+        ax.set_xlabel(fields[0])
+        ax.set_ylabel("iteration time overhead vs electrical rails (%)")
+        ax.grid(True, alpha=0.3)
+        ax.set_title(title, fontsize=10)
+        return _save(fig, path)
+    xf, yf, rest = fields[0], fields[1], list(fields[2:])
+    xs, ys = axis(xf), axis(yf)
+    panels = list(dict.fromkeys(tuple(r[f] for f in rest) for r in rows))[:6]
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols + 1.2, 3.6 * nrows + 0.6), squeeze=False,
+                             layout="constrained")
+    grids = []
+    for panel in panels:
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for r in rows:
+            if tuple(r[f] for f in rest) == panel:
+                grid[ys.index(r[yf]), xs.index(r[xf])] = r["overhead"] * 100
+        grids.append(grid)
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids]) if grids else np.array([0.0])
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    image = None
+    for ax, panel, grid in zip(axes.ravel(), panels, grids, strict=False):
+        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=lo, vmax=hi)
+        every_x, every_y = max(1, len(xs) // 10), max(1, len(ys) // 12)
+        ax.set_xticks(range(0, len(xs), every_x), [str(x) for x in xs[::every_x]], rotation=45, fontsize=7)
+        ax.set_yticks(range(0, len(ys), every_y), [str(y) for y in ys[::every_y]], fontsize=7)
+        ax.set_xlabel(xf, fontsize=8)
+        ax.set_ylabel(yf, fontsize=8)
+        if rest:
+            ax.set_title(", ".join(f"{f} = {v}" for f, v in zip(rest, panel, strict=True)), fontsize=9)
+    for ax in axes.ravel()[len(panels):]:
+        ax.axis("off")
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.85).set_label("overhead vs electrical rails (%)")
+    fig.suptitle(title, fontsize=11)
+    return _write(fig, path)
 
 
 def plot_straggler_run(rows: Sequence[dict], path: Path, title: str) -> Path:
@@ -176,7 +265,7 @@ def plot_straggler_run(rows: Sequence[dict], path: Path, title: str) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [format_size(s) for s in sizes], fontsize=8)
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlabel("buffer size per rank")
+        ax.set_xlabel("buffer size per rank (bytes)")
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(title)
     return _save(fig, path)
@@ -291,7 +380,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
         ax.set_xscale("log")
     ax.set_xticks([d * scale for d in delays], [_delay_label(d) for d in delays], fontsize=8)
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xlabel("straggler delay D (speedup over Ring peaks where D = StragglAR's phase 1)")
+    ax.set_xlabel("straggler delay D (time; speedup over Ring peaks where D = StragglAR's phase 1)")
     ax.set_title(f"{title}\n{at_ranks} ranks", fontsize=10)
     _save(fig, path_vs_delay)
     return Path(path_vs_ranks), Path(path_vs_delay)
@@ -304,7 +393,7 @@ def plot_train_demo(result, path: Path, *, title: str) -> Path:
     for series, label in ((result.gloo_iteration_series_s, "gloo"),
                           (result.lightrail_iteration_series_s, "lightrail backend")):
         ax.plot(range(len(series)), [t * 1e3 for t in series], marker="o", ms=3, label=label)
-    ax.set_xlabel("iteration")
+    ax.set_xlabel("iteration (count)")
     ax.set_ylabel("iteration time, slowest rank (ms)")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)

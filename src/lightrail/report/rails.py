@@ -30,21 +30,22 @@ def _delay(seconds: float) -> str:
     return format_time(seconds) if seconds else "0"
 
 
-def write_simulate(result: RailsComparison, out_dir: Path) -> list[Path]:
-    """breakdown.png, overhead.png, trace.json (Perfetto) and summary.json in ``out_dir``."""
+def write_simulate(result: RailsComparison, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """breakdown.<fmt>, overhead.<fmt>, trace.json (Perfetto), summary.json and scenario.json in ``out_dir``."""
     built = result.built
     setting = f"OCS delay {format_time(built.fabric.reconfig_delay)}, {built.params.mode}"
     rows = {f"{name} rails" if name != "ideal" else "ideal rails (OCS, 0 delay)": summary
             for name, summary in result.breakdown.items()}
-    return [plot_breakdown(rows, out_dir / "breakdown.png",
+    return [plot_breakdown(rows, out_dir / f"breakdown.{fmt}",
                            title=f"{built.scenario.name}: {built.job.layout}, {setting}"),
-            plot_overhead_breakdown(result.rows(), out_dir / "overhead.png",
+            plot_overhead_breakdown(result.rows(), out_dir / f"overhead.{fmt}",
                                     title=f"{built.scenario.name}: where the photonic overhead goes, {setting}"),
             write_json(out_dir / "trace.json", result.trace()),
-            write_json(out_dir / "summary.json", result.to_dict())]
+            write_json(out_dir / "summary.json", result.to_dict()),
+            write_json(out_dir / "scenario.json", built.scenario.model_dump(mode="json"))]
 
 
-def print_simulate(result: RailsComparison, console: Console, out_dir: Path) -> None:
+def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, fmt: str = "png") -> None:
     built = result.built
     e, p = result.breakdown["electrical"], result.breakdown["photonic"]
     ce, cp = result.costs["electrical"], result.costs["photonic"]
@@ -91,18 +92,19 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path) -> 
         console.print(f"plan: {phases}; switches {result.plan['trigger']}", highlight=False)
     console.print(f"ideal rail (zero-delay OCS): {format_time(result.ideal_iteration_time_s)}; wrote "
                   f"{out_dir / 'summary.json'}, {out_dir / 'trace.json'} (open in ui.perfetto.dev), "
-                  f"{out_dir / 'breakdown.png'}, {out_dir / 'overhead.png'}")
+                  f"{out_dir / f'breakdown.{fmt}'}, {out_dir / f'overhead.{fmt}'}")
 
 
-def write_sweep(result: DelaySweep, out_dir: Path) -> list[Path]:
-    """overhead.png and sweep.json in ``out_dir``."""
+def write_sweep(result: DelaySweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """overhead.<fmt>, sweep.json and scenario.json in ``out_dir``."""
     built = result.built
-    return [plot_delay_sweep(result.rows(), out_dir / "overhead.png",
+    return [write_json(out_dir / "scenario.json", built.scenario.model_dump(mode="json")),
+            plot_delay_sweep(result.rows(), out_dir / f"overhead.{fmt}",
                              title=f"{built.scenario.name}: {built.job.layout}, overhead of photonic rails"),
             write_json(out_dir / "sweep.json", result.to_dict())]
 
 
-def print_sweep(result: DelaySweep, console: Console, out_dir: Path) -> None:
+def print_sweep(result: DelaySweep, console: Console, out_dir: Path, *, fmt: str = "png") -> None:
     table = Table(title=f"{result.scenario}: overhead vs electrical rails "
                         f"({format_time(result.baseline_iteration_time_s)} per iteration)")
     table.add_column("delay", justify="right")
@@ -130,4 +132,4 @@ def print_sweep(result: DelaySweep, console: Console, out_dir: Path) -> None:
     console.print(split)
     console.print(f"in brackets: reconfigurations per rail per iteration; electrical rails routed by "
                   f"{result.routing.upper()}; every row's overhead_breakdown_s is in the JSON", highlight=False)
-    console.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / 'overhead.png'}")
+    console.print(f"wrote {out_dir / 'sweep.json'}, {out_dir / f'overhead.{fmt}'}")
