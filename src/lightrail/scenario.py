@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lightrail.control.opus import LIGHTRAIL, OpusParams
-from lightrail.errors import ScenarioError
+from lightrail.errors import LightrailError, ScenarioError
 from lightrail.fabric.builders import GPUS_PER_SERVER
 from lightrail.fabric.costs import CostFacts
 from lightrail.fabric.params import (
@@ -28,6 +28,7 @@ from lightrail.fabric.params import (
 )
 from lightrail.units import format_time, parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
+from lightrail.workload.chakra import ChakraTrace, read_chakra
 from lightrail.workload.hardware import GPU, gpu
 from lightrail.workload.importers import model_from_hf_config
 from lightrail.workload.model import ModelSpec, preset
@@ -48,7 +49,14 @@ class ModelSection(_Strict):
     preset: str | None = Field(None, description="A preset: debug, llama3-8b, llama3-70b, llama3-405b, gpt3-175b, "
                                                  "mixtral-8x7b, deepseek-v3.")
     hf_config: str | None = Field(None, description="Path to a HuggingFace config.json (relative to the scenario).")
+    seq_len: int | None = Field(None, ge=1, description="Training sequence length in tokens; required with "
+                                "hf_config (never the config's maximum context); a preset's own otherwise.")
     overrides: dict[str, Any] = Field(default_factory=dict, description="ModelSpec fields to change, e.g. seq_len.")
+
+
+class WorkloadSection(_Strict):
+    chakra: str = Field(description="Folder of Chakra execution traces, one PREFIX.RANK.et per rank (relative to "
+                                    "the scenario); replaces the model, parallel and job sections.")
 
 
 class ClusterSection(_Strict):
@@ -122,16 +130,35 @@ class Scenario(_Strict):
     """A whole simulation input (see ``examples/*.yaml`` for annotated copies)."""
 
     name: str = Field("scenario", description="A label for outputs.")
-    model: str | ModelSection = Field(description="A preset name, or a model section.")
+    model: str | ModelSection | None = Field(None, description="A preset name, or a model section (or give "
+                                                              "workload instead).")
+    workload: WorkloadSection | None = Field(None, description="A recorded workload instead of a model: "
+                                                               "{chakra: DIR}.")
     cluster: ClusterSection
     parallel: ParallelSection = Field(default_factory=ParallelSection)
-    job: JobSection
+    job: JobSection | None = Field(None, description="The training job (required with a model).")
     ocs: OcsSection = Field(default_factory=OcsSection)
     costs: dict[str, float | int | bool] = Field(default_factory=dict, description="CostFacts overrides.")
 
     def build(self, base: Path | None = None) -> Built:
         """The core objects; raises ScenarioError / InfeasibleError naming the field at fault."""
+        if self.workload is not None:
+            return self._build_trace(base)
+        if self.model is None:
+            raise ScenarioError("a scenario needs a model (or a workload trace)", field="model",
+                                fix="e.g. model: llama3-70b, or workload: {chakra: traces/}")
+        if self.job is None:
+            raise ScenarioError("a model needs a job section", field="job.micro_batches",
+                                fix="e.g. job: {micro_batches: 16}")
         model = _model(self.model, base)
+        c = self.cluster
+        accel, fabric, params, costs, rail_speed = self._fabric()
+        layout = Layout.from_degrees(c.gpus, gpus_per_server=c.gpus_per_server, **self.parallel.model_dump())
+        job = TrainingJob(model=model, layout=layout, gpu=accel, **self.job.model_dump())
+        return Built(self, model, accel, job, fabric, params, costs, rail_speed)
+
+    def _fabric(self) -> tuple[GPU, RailFabric, OpusParams, CostFacts, str]:
+        """The cluster's GPU, rails, OCS policy and cost facts (whatever the workload)."""
         accel = gpu(self.cluster.gpu)
         c = self.cluster
         nic = parse_rate(c.rail_bandwidth, field="cluster.rail_bandwidth") if c.rail_bandwidth else accel.nic_bandwidth
@@ -139,8 +166,6 @@ class Scenario(_Strict):
             else accel.nvlink_bandwidth
         if c.peak_tflops is not None:
             accel = replace(accel, peak_flops=c.peak_tflops * 1e12)
-        layout = Layout.from_degrees(c.gpus, gpus_per_server=c.gpus_per_server, **self.parallel.model_dump())
-        job = TrainingJob(model=model, layout=layout, gpu=accel, **self.job.model_dump())
         fabric = RailFabric(kind=FabricKind.PHOTONIC,
                             reconfig_delay=parse_time(self.ocs.reconfig_delay, field="ocs.reconfig_delay"),
                             nic_bandwidth=nic, nvlink_bandwidth=nvl,
@@ -156,7 +181,30 @@ class Scenario(_Strict):
             raise ScenarioError(f"unknown cost fact {unknown[0]!r}", field=f"costs.{unknown[0]}",
                                 fix="use a CostFacts field, e.g. ocs_port_price_usd")
         rail_speed = "800G" if nic >= 800e9 / 8 else "400G"
-        return Built(self, model, accel, job, fabric, params, CostFacts(**self.costs), rail_speed)
+        return accel, fabric, params, CostFacts(**self.costs), rail_speed
+
+    def _build_trace(self, base: Path | None) -> Built:
+        """A scenario whose workload is a Chakra trace: its ranks must be the cluster's GPUs."""
+        for name in ("model", "job"):
+            if getattr(self, name) is not None:
+                raise ScenarioError(f"give either {name} or workload, not both", field=name,
+                                    fix="a trace already fixes the model, layout and job")
+        if self.parallel != ParallelSection():
+            raise ScenarioError("a trace already fixes the parallel layout", field="parallel",
+                                fix="drop the parallel section")
+        folder = Path(self.workload.chakra)
+        if base is not None and not folder.is_absolute():
+            folder = base / folder
+        try:
+            trace = read_chakra(folder)
+        except LightrailError as e:
+            field = f"workload.chakra: {e.field}" if e.field and e.field != "DIR" else "workload.chakra"
+            raise type(e)(e.message, field=field, fix=e.fix) from None
+        if trace.world != self.cluster.gpus:
+            raise ScenarioError(f"the trace has {trace.world} ranks, the cluster {self.cluster.gpus} GPUs",
+                                field="cluster.gpus", fix=f"set cluster.gpus: {trace.world}")
+        accel, fabric, params, costs, rail_speed = self._fabric()
+        return Built(self, None, accel, None, fabric, params, costs, rail_speed, trace=trace)
 
 
 @dataclass(frozen=True)
@@ -169,6 +217,8 @@ class Built:
     params: OpusParams
     costs: CostFacts
     rail_speed: str
+    trace: ChakraTrace | None = None
+    """A scenario's recorded workload (``workload: {chakra: DIR}``); then ``model`` and ``job`` are None."""
 
 
 def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:
@@ -180,10 +230,19 @@ def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:
     if spec.preset is not None:
         model = preset(spec.preset)
     else:
+        if spec.seq_len is None and "seq_len" not in spec.overrides:
+            raise ScenarioError("a HuggingFace config gives the maximum context, not the training sequence length",
+                                field="model.seq_len", fix="give it, e.g. model: {hf_config: ..., seq_len: 4096}")
         path = Path(spec.hf_config)
         if base is not None and not path.is_absolute():
             path = base / path
-        model = model_from_hf_config(path)
+        try:
+            model = model_from_hf_config(path, seq_len=spec.seq_len)
+        except LightrailError as e:  # name the scenario field, then the file's own (its path, or path: key)
+            raise type(e)(e.message, field=f"model.hf_config: {e.field}" if e.field else "model.hf_config",
+                          fix=e.fix) from None
+    if spec.seq_len is not None:
+        model = model.with_(seq_len=spec.seq_len)
     try:
         return model.with_(**spec.overrides) if spec.overrides else model
     except TypeError as e:

@@ -145,7 +145,8 @@ def test_hf_config_model_relative_to_the_scenario(tmp_path):
     data = Path(__file__).resolve().parents[1] / "data"
     config = next(data.glob("llama3-8b*.json"))
     (tmp_path / "config.json").write_text(config.read_text())
-    scenario = {**DEFAULT_SCENARIO, "model": {"hf_config": "config.json"}, "cluster": {"gpus": 64, "gpu": "h100"},
+    scenario = {**DEFAULT_SCENARIO, "model": {"hf_config": "config.json", "seq_len": 8192},
+                "cluster": {"gpus": 64, "gpu": "h100"},
                 "parallel": {"tp": 8, "pp": 4, "dp": 2}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
     loaded, base = load_scenario(tmp_path / "s.yaml")

@@ -255,6 +255,13 @@ class TrainingJob:
         """Tokens one rank processes per micro-batch (its context-parallel share of the sequences)."""
         return self.micro_batch_size * self.model.seq_len // self.layout.cp
 
+    @property
+    def tokens_per_iteration(self) -> int:
+        """Tokens the job trains on per iteration: the global batch (micro_batches x micro_batch_size x dp x ep
+        sequences) times the sequence length."""
+        lay = self.layout
+        return self.micro_batches * self.micro_batch_size * lay.dp * lay.ep * self.model.seq_len
+
     def stage_layers(self, stage: int) -> range:
         return range(self._stage_starts[stage], self._stage_starts[stage + 1])
 

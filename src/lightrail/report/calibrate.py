@@ -1,0 +1,71 @@
+"""Output of ``lightrail calibrate nccl-tests``: the fit as a table, a scenario fragment and a plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from lightrail.calibrate import Calibration
+from lightrail.report.files import write_json, write_text
+from lightrail.units import format_rate, format_size, format_time
+
+__all__ = ["print_calibration", "write_calibration", "fragment_yaml", "plot_calibration"]
+
+
+def fragment_yaml(cal: Calibration, source: str) -> str:
+    """The fitted parameters as a scenario fragment: paste its cluster fields into a scenario file."""
+    held = "" if cal.latency_fitted else " (held: alpha and latency are not separable on this schedule)"
+    head = (f"# fitted by lightrail calibrate nccl-tests from {source}: {cal.kind} {cal.algo} on {cal.ranks} GPUs, "
+            f"topology {cal.topology}\n# rms relative error {cal.rms_relative_error:.3%}; latency per hop"
+            f"{held}\n")
+    return head + yaml.safe_dump(cal.scenario_fragment(), sort_keys=False)
+
+
+def plot_calibration(cal: Calibration, path: Path) -> Path:
+    """Measured and model time against message size (log-log), and the relative residuals."""
+    from lightrail.report.plots import _save, plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(3, 1))
+    for in_place, marker in ((False, "o"), (True, "x")):
+        pts = [p for p in cal.points if p["in_place"] == in_place]
+        if pts:
+            top.loglog([p["size"] for p in pts], [p["measured_s"] * 1e6 for p in pts], marker, ms=4, ls="none",
+                       label=f"measured ({'in-place' if in_place else 'out-of-place'})")
+            bottom.semilogx([p["size"] for p in pts], [100 * p["relative_error"] for p in pts], marker, ms=4)
+    sizes = sorted({p["size"] for p in cal.points})
+    model = {p["size"]: p["model_s"] for p in cal.points}
+    top.loglog(sizes, [model[s] * 1e6 for s in sizes], "-", color="k", lw=1,
+               label=f"model: alpha {format_time(cal.alpha_s)}, latency {format_time(cal.latency_s)}/hop, "
+                     f"{format_rate(cal.bandwidth_Bps)}")
+    top.set_ylabel("time (µs)")
+    top.set_title(f"{cal.kind} {cal.algo}, {cal.ranks} GPUs, {cal.topology}: measured vs model")
+    top.legend(fontsize=8)
+    bottom.axhline(0, color="k", lw=0.5)
+    bottom.set_ylabel("model error (%)")
+    bottom.set_xlabel("message size (bytes)")
+    return _save(fig, path)
+
+
+def write_calibration(cal: Calibration, out_dir: Path, source: str) -> list[Path]:
+    out_dir = Path(out_dir)
+    return [write_text(out_dir / "calibration.yaml", fragment_yaml(cal, source)),
+            write_json(out_dir / "calibration.json", cal.to_dict()),
+            plot_calibration(cal, out_dir / "calibration.png")]
+
+
+def print_calibration(cal: Calibration, console, written: list[Path]) -> None:
+    from rich.table import Table
+
+    held = "" if cal.latency_fitted else " (held: not separable from alpha on this schedule)"
+    console.print(f"{cal.kind} {cal.algo} on {cal.ranks} GPUs ({cal.topology}): alpha {format_time(cal.alpha_s)}, "
+                  f"latency {format_time(cal.latency_s)} per hop{held}, bandwidth {format_rate(cal.bandwidth_Bps)}")
+    console.print(f"  start-up per step {format_time(cal.startup_per_step_s)} ({cal.hops_per_step:g} hops); "
+                  f"rms relative error {cal.rms_relative_error:.2%}, max {cal.max_relative_error:.2%}")
+    table = Table("size", "", "measured", "model", "error")
+    for p in cal.points:
+        table.add_row(format_size(p["size"]), "in-place" if p["in_place"] else "", format_time(p["measured_s"]),
+                      format_time(p["model_s"]), f"{p['relative_error']:+.2%}")
+    console.print(table)
+    for path in written:
+        console.print(f"  wrote {path}")

@@ -1,0 +1,41 @@
+"""Output of a replayed trace (``lightrail simulate`` on a ``workload: {chakra: DIR}`` scenario)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightrail.report.files import write_json
+from lightrail.studies.replay import TIMELINE_RANKS, TraceRun
+from lightrail.units import format_time
+
+__all__ = ["chrome_trace_of_replay", "write_replay", "print_replay"]
+
+
+def chrome_trace_of_replay(run: TraceRun) -> dict:
+    """The replay as Chrome trace events (Perfetto): one thread per rank, compute and communication lanes."""
+    out: list[dict] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "ranks"}}]
+    for r in range(min(run.ranks, TIMELINE_RANKS)):
+        out.append({"ph": "M", "pid": 1, "tid": r, "name": "thread_name", "args": {"name": f"rank {r}"}})
+    for e in run.result.events:
+        rank = int(e.track.split()[1])
+        out.append({"ph": "X", "pid": 1, "tid": rank, "name": e.name, "cat": e.category, "ts": e.start * 1e6,
+                    "dur": e.duration * 1e6, "args": {"stream": "comm" if e.track.endswith("comm") else "compute"}})
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "metadata": {"source": run.source, "iteration_time_s": run.result.iteration_time_s,
+                         "ranks_shown": "all" if run.ranks <= TIMELINE_RANKS else f"the first {TIMELINE_RANKS}"}}
+
+
+def write_replay(run: TraceRun, out_dir: Path) -> None:
+    write_json(Path(out_dir) / "summary.json", run.to_dict())
+    write_json(Path(out_dir) / "trace.json", chrome_trace_of_replay(run))
+
+
+def print_replay(run: TraceRun, console, out_dir: Path | None) -> None:
+    s = run.result.summary()
+    ops = ", ".join(f"{v} {k}" for k, v in run.ops.items() if ":" not in k)
+    console.print(f"{run.scenario}: Chakra trace {run.source}, {run.ranks} ranks ({ops}) on electrical rails")
+    console.print(f"  iteration {format_time(s['iteration_time_s'])}: compute {format_time(s['compute_s'])}, "
+                  f"communication {format_time(s['communication_s'])}, idle {format_time(s['idle_s'])} "
+                  "(mean per rank)")
+    if out_dir is not None:
+        console.print(f"  wrote {out_dir}/summary.json and trace.json (open in https://ui.perfetto.dev)")
