@@ -2,6 +2,17 @@
 64 ranks on loopback, without OCS delay (``--ocs-delay 0``). Prints one JSON object; asserts nothing about speed.
 
 Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
+     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50]
+
+``--ranks N`` (issue 17's contract: prints ``p99_s`` and ``dropped``, with ``p50_s``, ``rate_per_s``, ``ranks``,
+``groups``): N emulated ranks on loopback, one connection each, in 64-port rails (N/2 pair groups whose circuits are
+lit after the first round: the skip-if-present path). Every pair runs its own loop at full rate (both members
+acquire, then both release) for the warm-up plus ``--rounds`` rounds (``--pace``: seconds of "compute" between a
+pair's rounds; ``--client-procs`` processes share the ranks, one asyncio loop each), while every rank also sends a
+heartbeat when it sent nothing for 0.5 s (heartbeat_timeout / 4; any request is a sign of life). An acquire is
+dropped if it gets an error or no reply within 10 s; the run is bounded by ``--time-limit`` seconds.
+``controller_cpu_us_per_request`` (the controller's user+system CPU time over the requests it handled) does not
+depend on what else the machine runs; the latencies do (on a shared 2-core machine they are an upper bound).
 
 Layout: rank r has NIC port r % 8 on rail r // 8 (8 ranks per rail, like GPU-local NICs of a rail-optimized
 cluster; 8 ranks use rail0 only, 64 ranks use rail0..rail7). Ranks are grouped in pairs on their rail, like
@@ -48,18 +59,18 @@ from lightrail.runtime.controller.client import ControllerClient
 RAIL_WIDTH = 8  # ranks (NIC ports) per rail
 
 
-def _command(state: Path, delay: str = "0") -> list[str]:
+def _command(state: Path, delay: str = "0", extra: tuple[str, ...] = ()) -> list[str]:
     exe = Path(sys.executable).with_name("lightrail")
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "lightrail.cli"]
     return [*base, "controller", "serve", "--port", "0", "--admin-port", "0", "--ocs-delay", delay,
-            "--state", str(state)]
+            "--state", str(state), *extra]
 
 
-def _start(state: Path) -> tuple[subprocess.Popen, dict, float]:
+def _start(state: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, dict, float]:
     """Spawn the controller (its JSON log goes to ``<state>.log``); wall time from Popen to the ready line."""
     with open(state.with_suffix(".log"), "w") as log:
         start = time.perf_counter()
-        proc = subprocess.Popen(_command(state), stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(_command(state, extra=extra), stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     wall = time.perf_counter() - start
     if not line:
@@ -129,6 +140,15 @@ def _summary(latencies: list[float]) -> dict:
             "max_ms": round(lat[-1] * 1e3, 3), "mean_ms": round(statistics.fmean(lat) * 1e3, 3)}
 
 
+def _register(info: dict, job: str, world: int) -> str:
+    """Register ``job`` with the operator token of the ready line; its ranks' token."""
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    r = httpx.post(f"{admin}/jobs", json={"job": job, "world": world},
+                   headers={"Authorization": f"Bearer {info['operator_token']}"}, timeout=10)
+    r.raise_for_status()
+    return r.json()["token"]
+
+
 def _controller_metrics(admin: str) -> dict:
     text = httpx.get(f"{admin}/metrics", timeout=10).text
     values = {}
@@ -167,6 +187,8 @@ class _Rank:
                 fut.set_exception(ConnectionError(f"rank {self.rank}: the controller closed the connection"))
 
     def send(self, op: str, **fields) -> tuple[float, asyncio.Future]:
+        if self.writer.is_closing():
+            raise ConnectionError(f"rank {self.rank}: the connection is closed")
         self.next_id += 1
         fut = asyncio.get_running_loop().create_future()
         self.waiting[self.next_id] = fut
@@ -186,6 +208,7 @@ async def _call(client: _Rank, op: str, **fields) -> dict:
 
 async def _run_async(info: dict, n: int, rounds: int, flip: bool, warmup: int) -> dict:
     job = "bench"
+    token = _register(info, job, n)
     ranks = []
     for r in range(n):
         reader, writer = await asyncio.open_connection(info["host"], info["port"])
@@ -193,7 +216,7 @@ async def _run_async(info: dict, n: int, rounds: int, flip: bool, warmup: int) -
         ranks.append(_Rank(r, reader, writer))
     for rk in ranks:
         rail, port = _port(rk.rank)
-        await _call(rk, "hello", job=job, rank=rk.rank, world=n, ports={rail: port})
+        await _call(rk, "hello", job=job, rank=rk.rank, world=n, ports={rail: port}, token=token)
     sets = _groups(n, flip)
     for by_rank in sets:
         for key, members, circuits in {g[0]: g for g in by_rank.values()}.values():
@@ -222,7 +245,9 @@ async def _run_async(info: dict, n: int, rounds: int, flip: bool, warmup: int) -
 
 def _run_threads(info: dict, n: int, rounds: int, flip: bool, warmup: int) -> dict:
     job = "bench-threads"
-    clients = [ControllerClient(info["host"], info["port"], job=job, rank=r, timeout=60) for r in range(n)]
+    token = _register(info, job, n)
+    clients = [ControllerClient(info["host"], info["port"], job=job, rank=r, timeout=60, token=token)
+               for r in range(n)]
     for r, c in enumerate(clients):
         rail, port = _port(r)
         c.hello(n, {rail: port})
@@ -288,10 +313,182 @@ def scenario(tmp: Path, name: str, n: int, rounds: int, *, flip: bool, threads: 
     return out
 
 
+# --- --ranks N: many ranks, every pair at full rate, with heartbeats --------------------------------------------
+
+WIDE_RAIL = 64  # ports per rail in the --ranks mode (1,024 ranks: 16 rails of 64)
+DROP_AFTER_S = 10.0  # an acquire not answered within this is counted as dropped
+
+
+async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]], rounds: int, warmup: int,
+                     time_limit: float, pace: float, barrier) -> dict:
+    """One client process's share of the ranks: connect, hello, declare its pairs' groups, wait for the other
+    processes (``barrier``), then run every pair's loop; returns its latencies and counts."""
+    job = "bench-many"
+    mine = sorted(r for pair in pairs for r in pair)
+    ranks: dict[int, _Rank] = {}
+    last_sent = dict.fromkeys(mine, time.perf_counter())  # heartbeats from the first hello on: setup is slow
+    beats = {"sent": 0}
+
+    async def heartbeats() -> None:  # one task: a heartbeat for every rank that sent nothing for 0.5 s
+        while True:
+            now = time.perf_counter()
+            for r, rk in list(ranks.items()):
+                if now - last_sent[r] >= 0.5 and not rk.writer.is_closing():
+                    rk.send("heartbeat")
+                    last_sent[r] = now
+                    beats["sent"] += 1
+            await asyncio.sleep(0.1)
+
+    beater = asyncio.create_task(heartbeats())
+    for i in range(0, len(mine), 64):  # connect and say hello in batches (the controller's backlog is 1,024)
+        batch = mine[i:i + 64]
+        conns = await asyncio.gather(*(asyncio.open_connection(info["host"], info["port"]) for _ in batch))
+        for r, (reader, writer) in zip(batch, conns, strict=True):
+            writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ranks[r] = _Rank(r, reader, writer)
+        await asyncio.gather(*(_call(ranks[r], "hello", job=job, rank=r, world=n, token=token,
+                                     ports={f"rail{r // WIDE_RAIL}": r % WIDE_RAIL}) for r in batch))
+    for a, b in pairs:
+        rail = f"rail{a // WIDE_RAIL}"
+        pa, pb = a % WIDE_RAIL, b % WIDE_RAIL
+        await _call(ranks[a], "group", job=job, key=f"p{a}", phase="dp", members=[a, b],
+                    circuits={rail: {str(pa): pb, str(pb): pa}})
+    latencies: list[float] = []
+    dropped = {"n": 0}
+
+    async def pair_loop(a: int, b: int, deadline: float) -> None:
+        key = f"p{a}"
+        for i in range(warmup + rounds):
+            if time.perf_counter() > deadline:
+                return
+            sent = [ranks[r].send("acquire", job=job, rank=r, key=key) for r in (a, b)]
+            last_sent[a] = last_sent[b] = sent[1][0]
+            done, pending = await asyncio.wait([f for _, f in sent], timeout=DROP_AFTER_S)
+            ok = [f for f in done if f.exception() is None and f.result()[1]["ok"]]
+            dropped["n"] += len(pending) + len(done) - len(ok)
+            if i >= warmup:
+                latencies.extend(f.result()[0] - t for (t, f) in sent if f in ok)
+            released = [ranks[r].send("release", job=job, rank=r, key=key)[1] for r in (a, b)]
+            await asyncio.wait(released, timeout=DROP_AFTER_S)
+            if pace:
+                await asyncio.sleep(pace)  # the pair's compute between two collectives
+
+    async def staggered(i: int, a: int, b: int, deadline: float) -> None:
+        if pace:
+            await asyncio.sleep(pace * i / len(pairs))
+        try:
+            await pair_loop(a, b, deadline)
+        except ConnectionError:  # the controller closed a connection: the rest of its acquires are dropped
+            pass
+
+    await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
+    start = time.perf_counter()
+    await asyncio.gather(*(staggered(i, a, b, start + time_limit) for i, (a, b) in enumerate(pairs)))
+    wall = time.perf_counter() - start
+    beater.cancel()
+    for rk in ranks.values():
+        rk.writer.close()
+        rk.task.cancel()
+    return {"latencies": latencies, "dropped": dropped["n"], "heartbeats": beats["sent"], "wall_s": wall}
+
+
+def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, results) -> None:
+    """A client process (multiprocessing target): its ranks in one asyncio loop."""
+    try:
+        out = asyncio.run(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier))
+    except Exception as e:  # noqa: BLE001 (reported by the parent)
+        barrier.abort()
+        out = {"error": repr(e)}
+    results.put(out)
+
+
+def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int) -> dict:
+    import multiprocessing
+
+    token = _register(info, "bench-many", n)
+    pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
+    if pace:  # the pairs start spread over one period, as ranks of independent jobs would
+        pairs.sort(key=lambda p: (p[0] * 2654435761) % 2 ** 32)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(procs + 1), ctx.Queue()
+    workers = [ctx.Process(target=_many_proc, args=(info, token, n, pairs[k::procs], rounds, warmup, time_limit,
+                                                    pace, barrier, results)) for k in range(procs)]
+    for w in workers:
+        w.start()
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    barrier.wait(timeout=time_limit)
+    requests_before, cpu_before, start = _requests(admin), _cpu_s(info["pid"]), time.perf_counter()
+    parts = [results.get(timeout=time_limit + 120) for _ in workers]
+    wall = time.perf_counter() - start
+    cpu, handled = _cpu_s(info["pid"]) - cpu_before, _requests(admin) - requests_before
+    for w in workers:
+        w.join(30)
+    errors = [p["error"] for p in parts if "error" in p]
+    if errors:
+        raise RuntimeError(errors[0])
+    lat = sorted(x for p in parts for x in p["latencies"])
+    expected = len(pairs) * 2 * rounds
+    q = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))], 6) if lat else None  # noqa: E731
+    return {"ranks": n, "groups": len(pairs), "rounds": rounds, "warmup_rounds": warmup, "pace_s": pace,
+            "client_processes": procs, "acquires": len(lat), "acquires_expected": expected,
+            "dropped": max(sum(p["dropped"] for p in parts), expected - len(lat)),
+            "p50_s": q(0.50), "p99_s": q(0.99), "max_s": round(lat[-1], 6) if lat else None,
+            "rate_per_s": round(len(lat) * (warmup + rounds) / rounds / wall, 1) if lat else 0.0,
+            "wall_s": round(wall, 3), "heartbeats_sent": sum(p["heartbeats"] for p in parts),
+            "requests_handled": handled, "controller_cpu_s": round(cpu, 3),
+            "controller_cpu_us_per_request": round(cpu / max(handled, 1) * 1e6, 1),
+            "controller_cpu_share": round(cpu / wall, 3)}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _requests(admin: str) -> float:
+    text = httpx.get(f"{admin}/metrics", timeout=10).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("lightrail_requests_total "))
+
+
+def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, pace: float = 0.0,
+               procs: int = 2) -> dict:
+    rails = -(-n // WIDE_RAIL)
+    proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL)))
+    info["pid"] = proc.pid
+    try:
+        out = _many(info, n, rounds, warmup, time_limit, pace, procs)
+        out["controller_metrics"] = _controller_metrics(f"http://{info['host']}:{info['admin_port']}")
+    except Exception as e:  # noqa: BLE001 (reported in the JSON)
+        out = {"ranks": n, "error": repr(e), "p99_s": None, "dropped": None,
+               "controller_log_tail": _log_tail(tmp / "many.db")}
+    out["controller_exit_code"] = _stop(proc)
+    out["controller_startup_wall_s"] = round(wall, 3)
+    out["target_p99_s"] = 0.020
+    out["meets_target"] = out.get("p99_s") is not None and out["p99_s"] < 0.020 and out["dropped"] == 0
+    out["machine"] = {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default 300; 50 with --ranks)")
+    parser.add_argument("--ranks", type=int, default=None, help="only the many-ranks run, with this many ranks")
+    parser.add_argument("--warmup", type=int, default=5, help="--ranks: warm-up rounds (not measured)")
+    parser.add_argument("--time-limit", type=float, default=300.0, help="--ranks: bound on the run, seconds")
+    parser.add_argument("--pace", type=float, default=0.0, help="--ranks: seconds each pair computes between rounds "
+                        "(0: full rate, every pair back to back)")
+    parser.add_argument("--client-procs", type=int, default=2, help="--ranks: client processes sharing the ranks")
     args = parser.parse_args()
+    if args.ranks is not None:
+        if not 2 <= args.ranks <= 65536:
+            parser.error("--ranks must be in 2..65536")
+        with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
+            out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,
+                             args.pace, args.client_procs)
+        print(json.dumps(out, indent=2))
+        return
+    args.rounds = args.rounds or 300
     with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
         tmp = Path(tmpdir)
         out = {

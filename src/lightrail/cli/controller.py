@@ -33,11 +33,22 @@ def controller_serve_cmd(
     ocs_delay: Annotated[str, typer.Option("--ocs-delay", help="Without --config: the emulated OCS "
                                            "reconfiguration delay, e.g. 10ms.")] = DEFAULT_OCS_DELAY,
     delay: Annotated[str | None, old_spelling("--delay", "--ocs-delay")] = None,
+    operator_token_file: Annotated[Path | None, typer.Option(
+        "--operator-token-file", help="File holding the admin API's operator token (else $LIGHTRAIL_OPERATOR_TOKEN, "
+        "else a new one, printed in the ready line).")] = None,
+    heartbeat_timeout: Annotated[str | None, typer.Option(
+        "--heartbeat-timeout", help="A rank silent this long is failed, e.g. 2s (default: the config's, 2s).")]
+    = None,
+    hello_timeout: Annotated[str | None, typer.Option(
+        "--hello-timeout", help="A connection that says no hello this long is closed (default 5s).")] = None,
+    max_connections: Annotated[int | None, typer.Option(
+        "--max-connections", help="Rank connections at once (default 4096, capped by the fd limit).")] = None,
 ):
     """Run the controller: circuit state and port ownership in SQLite (WAL), the rank protocol on
-    --port, the admin API (/state, /jobs, /metrics) on --admin-port. Prints one JSON `ready` line."""
+    --port, the admin API (/state, /jobs, /metrics) on --admin-port. Prints one JSON `ready` line.
+    The state file is locked to this controller: a second one on it exits 2, naming the first."""
     from lightrail.runtime.controller.config import default_config, load_config
-    from lightrail.runtime.controller.server import serve
+    from lightrail.runtime.controller.server import check_startup, serve
 
     ocs_delay = renamed(ocs_delay, delay, old="--delay", new="--ocs-delay")
     if config is not None:
@@ -50,7 +61,33 @@ def controller_serve_cmd(
     for flag, v in overrides.items():
         if not 0 <= v <= 65535:
             raise ScenarioError(f"{v} is not a TCP port", field=f"--{flag.replace('_', '-')}", fix="use 0..65535")
+    for flag, name, text in (("--heartbeat-timeout", "heartbeat_timeout", heartbeat_timeout),
+                             ("--hello-timeout", "hello_timeout", hello_timeout)):
+        if text is not None:
+            seconds = parse_time(text, field=flag)
+            if not 0 < seconds <= 3600:
+                raise ScenarioError(f"{text} is out of range", field=flag, fix="give a time in (0, 1h], e.g. 2s")
+            overrides[name] = seconds
+    if max_connections is not None:
+        if not 1 <= max_connections <= 1 << 20:
+            raise ScenarioError(f"{max_connections} is out of range", field="--max-connections", fix="use 1..1048576")
+        overrides["max_connections"] = max_connections
+    if operator_token_file is not None:
+        try:
+            with open(operator_token_file, "rb") as f:  # bounded: a token is short (and /dev/zero never ends)
+                token = f.read(4097).decode().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ScenarioError(f"cannot read {operator_token_file}: {e}", field="--operator-token-file",
+                                fix="give a readable file holding the token") from None
+        if not 16 <= len(token) <= 4096 or any(c.isspace() for c in token):
+            raise ScenarioError("the operator token must be 16..4096 characters without spaces",
+                                field="--operator-token-file",
+                                fix="use a long random secret, e.g. python -c 'import secrets; "
+                                    "print(secrets.token_urlsafe(32))'")
+        overrides["operator_token"] = token
+    cfg = cfg.model_copy(update=overrides)
+    check_startup(cfg, str(state))  # a directory, an unwritable path or a port in use: one line, nothing written
     try:
-        serve(cfg.model_copy(update=overrides), str(state))
+        serve(cfg, str(state))
     except OSError as e:
         raise ScenarioError(f"cannot listen: {e}", field="--port", fix="pick free ports or 0") from None

@@ -4,7 +4,7 @@ random programs and invariant checks of the safety and liveness harnesses.
 pytest runs with ``--import-mode=importlib``, so test modules cannot import each other (or this
 file): every helper here reaches a test as a fixture of the same name (``make``, ``hello``,
 ``declare``, ``acquire``, ``release``, ``job_of``, ``lit``, ``record_is_safe``, ``snapshot``,
-``lease_pair``, ``lease_a``, ``Harness``, ``LeaseHarness``).
+``lease_pair``, ``lease_a``, ``Harness``, ``LeaseHarness``), and ``spawn`` starts a real controller process.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import heapq
 import itertools
 import json
 import random
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -724,3 +729,51 @@ def harness_fixture():
 def lease_harness_fixture():
     """The lease harness class: ``LeaseHarness(seed, bursty=..., prepare=...)``."""
     return LeaseHarness
+
+
+# --- a real controller process ----------------------------------------------------------------------------------------
+
+
+def _ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                line = proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"the controller exited ({proc.wait()}) before it was ready")
+                info = json.loads(line)
+                if info.get("event") == "ready":
+                    return info
+        raise AssertionError("no ready line within the timeout")
+    finally:
+        sel.close()
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """``spawn(state, *extra_args, env=None) -> (proc, ready info)``: ``lightrail controller serve`` on free ports
+    (2 rails of 8 ports, 5 ms switch) with a generated operator token (in the info); its JSON log goes to
+    ``tmp_path/controller-<n>.log``; every process is killed at teardown."""
+    started = []
+
+    def start(state: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+        log = open(tmp_path / f"controller-{len(started)}.log", "w")  # noqa: SIM115 (closed at teardown)
+        proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0",
+                                 "--admin-port", "0", "--state", str(state), "--rails", "2", "--ports", "8",
+                                 "--ocs-delay", "5ms", *extra], stdout=subprocess.PIPE, stderr=log, text=True,
+                                env=env)
+        started.append((proc, log))
+        info = _ready(proc)
+        assert isinstance(info["startup_s"], float)  # reported, never asserted on
+        return proc, info
+
+    yield start
+    for proc, log in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        log.close()

@@ -5,6 +5,9 @@ A YAML or JSON file (``lightrail controller serve --config FILE``)::
     host: 127.0.0.1
     port: 7600          # rank protocol (JSON lines over TCP); 0 picks a free port
     admin_port: 7601    # HTTP admin API; 0 picks a free port
+    heartbeat_timeout: 2s   # a hello'd rank silent this long is failed (spare failover, or disconnect)
+    hello_timeout: 5s       # a connection that never says hello is closed after this
+    max_connections: 4096   # rank connections at once; one more gets an error line and is closed
     devices:
       - {name: rail0, driver: emulated, ports: 64, delay: 10ms}
       - {name: rail1, driver: emulated, ports: 64, delay: 10ms, duplex: false}
@@ -50,6 +53,25 @@ class ControllerConfig(_Strict):
     port: int = Field(7600, ge=0, le=65535)
     admin_port: int = Field(7601, ge=0, le=65535)
     devices: list[DeviceConfig] = Field(min_length=1)
+    # Tenancy: the admin API's bearer token (None: `serve` takes --operator-token-file, the environment's
+    # LIGHTRAIL_OPERATOR_TOKEN, or generates one and prints it in its ready line), and the Host header names
+    # the admin API answers to (with or without a port), besides ``host``: the DNS-rebinding guard.
+    operator_token: str | None = Field(None, min_length=16)
+    allowed_hosts: list[str] = ["127.0.0.1", "localhost", "::1"]
+    # Liveness and limits (seconds; "2s" and "500ms" are accepted).
+    heartbeat_timeout: float = Field(2.0, gt=0)
+    hello_timeout: float = Field(5.0, gt=0)
+    idle_timeout: float | None = Field(None, gt=0)  # a hello'd connection silent this long is closed (None: off)
+    max_connections: int = Field(4096, ge=1)
+    max_line: int = Field(1 << 20, ge=1024)  # bytes per request line
+    max_depth: int = Field(64, ge=2)  # JSON nesting levels per request, checked before parsing
+    max_groups_per_job: int = Field(65536, ge=1)
+    max_ranks_per_job: int = Field(65536, ge=1)
+
+    @field_validator("heartbeat_timeout", "hello_timeout", "idle_timeout", mode="before")
+    @classmethod
+    def _seconds(cls, v, info):
+        return None if v is None else parse_time(v, field=info.field_name)
 
     @field_validator("devices")
     @classmethod

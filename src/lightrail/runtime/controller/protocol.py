@@ -2,14 +2,20 @@
 
 Every request carries an ``id`` (echoed in its reply) and an ``op``; replies are
 ``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"message", "field", "fix"}}``.
-The controller also pushes one message unasked, :class:`Revoke` (no ``id``), on the connection of
-each holder of a lease it takes back; the rank answers it with :class:`Ack`.
+The controller also pushes messages unasked (no ``id``): :class:`Revoke` to each holder of a lease it
+takes back (the rank answers with :class:`Ack`), and :class:`Failover`, :class:`Dead`, :class:`PortFailed`
+to the connected ranks of a job that lost a rank or a port.
 docs/controller.md is the full description; the models below are its source of truth.
+
+Hostile lines are refused before they can cost anything: nesting deeper than ``max_depth`` is found by
+counting brackets (outside strings) before ``json.loads``, integers are checked against int64, and an ``op``
+that is not a string is an error naming ``op`` (each was a dropped connection in issue 17).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -17,8 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.validation import first_error
 
-__all__ = ["Hello", "Group", "Acquire", "Release", "Ack", "Bye", "Revoke", "Request", "parse_request", "parse_push",
-           "encode", "error_reply"]
+__all__ = ["Hello", "Heartbeat", "Group", "Acquire", "Release", "Ack", "Hold", "Bye", "Revoke", "Failover", "Dead",
+           "PortFailed", "Request", "parse_request", "parse_push", "encode", "error_reply", "request_id", "INT64",
+           "MAX_DEPTH"]
+
+INT64 = (-(1 << 63), (1 << 63) - 1)  # what a rank's ids, ranks and ports may be (SQLite's INTEGER)
+MAX_DEPTH = 64  # JSON nesting levels a request may have (ours have 3)
 
 
 class _Message(BaseModel):
@@ -34,6 +44,8 @@ class Hello(_Message):
     rank: int = Field(ge=0)
     world: int = Field(ge=1)
     ports: dict[str, int]
+    token: str | None = None  # the job's secret from POST /jobs; the server refuses a hello without it
+    spare: bool = False  # an idle spare: rank = world + i for the job's i-th spare
 
     @field_validator("ports")
     @classmethod
@@ -42,6 +54,12 @@ class Hello(_Message):
         if bad:
             raise ValueError(f"port {next(iter(bad.values()))} on {next(iter(bad))} is negative")
         return v
+
+
+class Heartbeat(_Message):
+    """A sign of life (any request is one); answered with the controller's clock, allowed before hello."""
+
+    op: Literal["heartbeat"]
 
 
 class Group(_Message):
@@ -114,6 +132,47 @@ class Revoke(BaseModel):
     lease: int = Field(ge=1)
 
 
+class Hold(_Message):
+    """After a reconnect: the rank is inside an op on ``key`` (granted before the controller restarted)."""
+
+    op: Literal["hold"]
+    job: str
+    rank: int
+    key: str
+
+
+class Failover(BaseModel):
+    """Pushed to every connected rank of a job whose rank ``rank`` failed: spare ``spare`` takes its place."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["failover"]
+    job: str
+    rank: int
+    spare: int
+    epoch: int
+    ports: dict[str, int]
+
+
+class Dead(BaseModel):
+    """Pushed to every connected rank of a job whose rank failed with no spare left."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["dead"]
+    job: str
+    rank: int
+    reason: str = ""
+
+
+class PortFailed(BaseModel):
+    """Pushed to the connected ranks of the job owning a port the operator marked dead."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["port_failed"]
+    job: str
+    device: str
+    port: int
+
+
 class Bye(_Message):
     """A rank leaves (its ports are freed), or with no rank the whole job ends; a job whose last rank
     left is gone, with its groups."""
@@ -123,31 +182,72 @@ class Bye(_Message):
     rank: int | None = None
 
 
-Request = Annotated[Hello | Group | Acquire | Release | Ack | Bye, Field(discriminator="op")]
+Request = Annotated[Hello | Heartbeat | Group | Acquire | Release | Ack | Hold | Bye, Field(discriminator="op")]
 _REQUEST = TypeAdapter(Request)
-_BY_OP = {"hello": Hello, "group": Group, "acquire": Acquire, "prepare": Acquire, "release": Release, "ack": Ack,
-          "bye": Bye}
+_BY_OP = {"hello": Hello, "heartbeat": Heartbeat, "group": Group, "acquire": Acquire, "prepare": Acquire,
+          "release": Release, "ack": Ack, "hold": Hold, "bye": Bye}
+_PUSH = {"revoke": Revoke, "failover": Failover, "dead": Dead, "port_failed": PortFailed}
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_LONG_INT = re.compile(rb"\d{19,}")
 
 
-def parse_request(line: bytes | str) -> Hello | Group | Acquire | Release | Ack | Bye:
-    """One request line -> its model; a bad line raises ScenarioError naming the field."""
+def _depth(line: bytes) -> int:
+    """Deepest bracket nesting of ``line`` outside its strings (no parsing)."""
+    depth = deepest = 0
+    for c in _STRING.sub(b"", line):
+        if c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _int64(text: str) -> int:
+    value = int(text) if len(text) <= 20 else None  # never convert a 5,000-digit string (CPython refuses)
+    if value is None or not INT64[0] <= value <= INT64[1]:
+        raise ScenarioError(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is outside int64",
+                            field="message", fix="ids, ranks and ports are 64-bit integers")
+    return value
+
+
+def parse_request(line: bytes | str, *, max_depth: int = MAX_DEPTH) -> Request:
+    """One request line -> its model; a bad line raises ScenarioError naming the field (never another
+    exception: a deep, huge or odd line costs one error reply, not the connection)."""
+    raw = line.encode() if isinstance(line, str) else bytes(line)
+    if raw.count(b"[") + raw.count(b"{") > max_depth and _depth(raw) > max_depth:
+        raise ScenarioError(f"JSON nested deeper than {max_depth} levels", field="message",
+                            fix="send one flat JSON object per line (see docs/controller.md)")
     try:
-        data = json.loads(line)
-    except ValueError as e:
+        data = json.loads(raw, parse_int=_int64) if _LONG_INT.search(raw) else json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        if isinstance(e, ScenarioError):
+            raise
         raise ScenarioError(f"not JSON: {e}", field="message", fix="send one JSON object per line") from None
     if not isinstance(data, dict):
         raise ScenarioError("a request must be a JSON object", field="message", fix='e.g. {"op": "hello", ...}')
+    op = data.get("op")
+    if not isinstance(op, str):
+        raise ScenarioError(f"op must be a string, not {type(op).__name__}", field="op",
+                            fix=f"one of: {', '.join(sorted(_BY_OP))}")
     try:
-        model = _BY_OP.get(data.get("op"))  # the hot path: straight to the op's model
+        model = _BY_OP.get(op)  # the hot path: straight to the op's model
         return model.model_validate(data) if model is not None else _REQUEST.validate_python(data)
     except ValidationError as e:
         raise first_error(e, source="message", hint="see docs/controller.md") from None
 
 
-def parse_push(data: dict) -> Revoke:
+def request_id(line: bytes) -> int:
+    """The ``id`` of a line that failed to parse, if it has a plain one (so its error reply can echo it)."""
+    m = re.search(rb'"id"\s*:\s*(-?\d{1,18})\b', line[:4096])
+    return int(m.group(1)) if m else 0
+
+
+def parse_push(data: dict) -> Revoke | Failover | Dead | PortFailed:
     """A message the controller pushed (already decoded) -> its model; ScenarioError naming the field."""
+    model = _PUSH.get(data.get("op")) if isinstance(data.get("op"), str) else None
     try:
-        return Revoke.model_validate(data)
+        return (model or Revoke).model_validate(data)
     except ValidationError as e:
         raise first_error(e, source="push", hint="see docs/controller.md") from None
 
