@@ -51,8 +51,9 @@ def test_export_then_import_round_trips(tmp_path):
     assert result.exit_code == 0, result.output
     exported = json.loads(result.output)
     network = yaml.safe_load((out / "network.yml").read_text())
-    assert network == {"topology": ["Switch", "Switch"], "npus_count": [4, 4], "bandwidth": [450.0, 50.0],
-                       "latency": [1000.0, 1000.0]}
+    # ASTRA-sim's GB/s is 2^30 bytes/s: 450e9 and 50e9 bytes/s
+    assert network == {"topology": ["Switch", "Switch"], "npus_count": [4, 4],
+                       "bandwidth": [round(450e9 / 2**30, 6), round(50e9 / 2**30, 6)], "latency": [1000.0, 1000.0]}
     system = json.loads((out / "system.json").read_text())
     assert system["all-reduce-implementation"] == ["ring", "ring"] and system["endpoint-delay"] == 3000
 

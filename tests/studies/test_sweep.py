@@ -195,3 +195,13 @@ def test_an_address_nobody_answers_is_one_line_and_exit_2(tmp_path):
     path = sweep_file(tmp_path, grid={"ocs.reconfig_delay": ["0"]})
     result = runner.invoke(app, ["sweep", str(path), "--address", f"127.0.0.1:{port}"])
     assert result.exit_code == 2 and "--address" in result.output and result.output.strip().count("\n") == 0
+
+
+def test_a_sweep_over_a_trace_scenario_is_refused_up_front():
+    from lightrail.errors import ScenarioError
+    from lightrail.studies.sweep import parse_sweep
+
+    scenario = {"name": "t", "cluster": {"gpus": 2}, "workload": {"chakra": "/nonexistent-traces"}}
+    with pytest.raises(ScenarioError) as e:
+        parse_sweep({"scenario": scenario, "grid": {"ocs.reconfig_delay": ["1ms", "2ms"]}})
+    assert e.value.field == "scenario"

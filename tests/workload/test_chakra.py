@@ -233,3 +233,20 @@ def test_encode_then_decode_is_the_identity(nodes, rank):
     assert [(b.id, b.op, b.deps, b.kind, b.nbytes, b.group) for b in back] == \
         [(n.id, n.op, n.deps, n.kind, n.nbytes, n.group) for n in nodes]
     assert [b.seconds for b in back] == pytest.approx([n.seconds for n in nodes])
+
+
+def test_allgather_comm_size_is_each_ranks_contribution(tmp_path):
+    """Chakra's ALL_GATHER comm_size is what each rank contributes (ASTRA-sim moves (n-1) x comm_size per rank);
+    lightrail's nbytes is the whole gathered buffer: read multiplies by the group size, export divides back."""
+    from chakra.schema.protobuf.et_def_pb2 import ALL_GATHER
+
+    from lightrail.report.export import write_astra_sim
+
+    write(tmp_path / "in", [[coll(0, 3 * MB, ctype=ALL_GATHER, pg="tp")] for _ in range(4)], {"tp": [0, 1, 2, 3]})
+    trace = read_chakra(tmp_path / "in")
+    assert [n.nbytes for nodes in trace.ranks for n in nodes] == [12 * MB] * 4
+    write_astra_sim(trace, tmp_path / "out", name="ag", network={}, system={})
+    back = read_chakra(tmp_path / "out")
+    assert [n.nbytes for nodes in back.ranks for n in nodes] == [12 * MB] * 4
+    raw = decode_rank((tmp_path / "out" / "workload.0.et").read_bytes())
+    assert [n.nbytes for n in raw] == [3 * MB]

@@ -21,13 +21,17 @@ from pathlib import Path
 import yaml
 
 from lightrail.report.files import write_atomic, write_json, write_text
-from lightrail.workload.chakra import ChakraTrace, encode_rank
+from lightrail.workload.chakra import ChakraTrace, allgather_sizes, encode_rank
 
 __all__ = ["astra_network", "astra_system", "write_astra_sim", "ASTRA_ALGORITHMS"]
 
 ASTRA_ALGORITHMS = {"ring": "ring", "direct": "direct", "pairwise": "direct", "halving-doubling": "halvingDoubling",
                     "double-binary-tree": "doubleBinaryTree"}
 """lightrail's algorithm names and ASTRA-sim's native implementation of the same idea; others run as ring."""
+
+ASTRA_GB = 2**30
+"""Bytes in ASTRA-sim's "GB" of bandwidth: its analytical backend turns GB/s into bytes per ns as
+``bw * 2**30 / 1e9`` (measured side by side: benchmarks/vs_astra_sim.py agrees to 1e-6 with this unit only)."""
 
 LOCAL_MEM_BW_GBPS = 1e6
 """lightrail does not charge the local reduction's memory traffic; a bandwidth this high makes ASTRA-sim's
@@ -40,7 +44,7 @@ def astra_network(world: int, gpus_per_server: int, nvlink_Bps: float, nic_Bps: 
     servers = max(1, world // g)
     dims = [("Switch", g, nvlink_Bps)] + ([("Switch", servers, nic_Bps)] if servers > 1 else [])
     return {"topology": [d[0] for d in dims], "npus_count": [d[1] for d in dims],
-            "bandwidth": [round(d[2] / 1e9, 6) for d in dims], "latency": [round(latency_s * 1e9, 3)] * len(dims)}
+            "bandwidth": [round(d[2] / ASTRA_GB, 6) for d in dims], "latency": [round(latency_s * 1e9, 3)] * len(dims)}
 
 
 def astra_system(dims: int, algorithms: dict[str, str], alpha_s: float) -> dict:
@@ -70,8 +74,9 @@ Run with ASTRA-sim's analytical backend (built from https://github.com/astra-sim
       --network-configuration={out}/network.yml
 
 and the same job in lightrail with `lightrail simulate` on the scenario this came from (or on a scenario with
-`workload: {{chakra: {out}}}`, which replays these very traces). Bandwidths are GB/s of 10^9 bytes (ASTRA-sim
-releases before 2025 read them as GiB/s); compute durations are whole microseconds, as Chakra stores them.
+`workload: {{chakra: {out}}}`, which replays these very traces). Bandwidths are in ASTRA-sim's GB/s, of 2^30
+bytes (its analytical backend's unit); all-gather sizes are each rank's contribution (Chakra's convention);
+compute durations are whole microseconds, as Chakra stores them.
 """
 
 
@@ -79,14 +84,14 @@ def write_astra_sim(trace: ChakraTrace, out_dir: Path, *, name: str, network: di
                     progress: Callable[[str], None] | None = None) -> list[Path]:
     """Write the traces and configs into ``out_dir`` (each file atomically); returns the config paths."""
     out_dir = Path(out_dir)
-    for rank, nodes in enumerate(trace.ranks):
+    for rank, nodes in enumerate(allgather_sizes(trace, whole=False).ranks):
         data = encode_rank(nodes, rank)
         write_atomic(out_dir / f"workload.{rank}.et", lambda tmp, data=data: tmp.write_bytes(data))
         if progress:
             progress(f"rank {rank}")
     ops = ", ".join(f"{v} {k}" for k, v in trace.ops().items() if ":" not in k)
     return [write_json(out_dir / "workload.json", {k: list(v) for k, v in trace.groups.items()}),
-            write_text(out_dir / "network.yml", "# lightrail export astra-sim: bandwidth in GB/s, latency in ns\n"
+            write_text(out_dir / "network.yml", "# lightrail export astra-sim: bandwidth in GB/s of 2^30 bytes, latency in ns\n"
                        + yaml.safe_dump(network, default_flow_style=None, sort_keys=False)),
             write_json(out_dir / "system.json", system),
             write_json(out_dir / "remote_memory.json", {"memory-type": "NO_MEMORY_EXPANSION"}),

@@ -187,7 +187,11 @@ def parse_sweep(data: Any, *, base: Path | None = None, source: str = "sweep") -
         scenario_base = path.parent
     else:
         raise ScenarioError(f"{ref!r} is neither a file nor a scenario mapping", field="scenario", fix=_FIX)
-    dumped = parse_scenario(scenario, source="scenario").model_dump(mode="json")  # the base must be sound
+    parsed = parse_scenario(scenario, source="scenario")  # the base must be sound
+    if parsed.workload is not None:
+        raise ScenarioError("a sweep's cells need a model, and the scenario gives a workload trace",
+                            field="scenario", fix="sweep a scenario with model and job; replay traces with simulate")
+    dumped = parsed.model_dump(mode="json")
 
     grid = data.get("grid") or {}
     if not isinstance(grid, dict):

@@ -22,7 +22,7 @@ import io
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lightrail.defaults import Kind
@@ -225,7 +225,20 @@ def read_chakra(folder: str | Path) -> ChakraTrace:
     ranks = tuple(decode_rank(files[r].read_bytes(), where=files[r].name) for r in range(len(files)))
     groups_file = folder / f"{prefix}.json"
     groups = _groups_from_file(groups_file, len(ranks)) if groups_file.exists() else _groups_from_nodes(ranks)
-    return _checked(ChakraTrace(ranks, groups, str(folder)))
+    return _checked(allgather_sizes(ChakraTrace(ranks, groups, str(folder)), whole=True))
+
+
+def allgather_sizes(trace: ChakraTrace, *, whole: bool) -> ChakraTrace:
+    """All-gather sizes between Chakra's convention and lightrail's: a Chakra ``ALL_GATHER``'s ``comm_size`` is
+    each rank's contribution (ASTRA-sim moves ``(n - 1) comm_size`` per rank; checked side by side in
+    benchmarks/vs_astra_sim.py), lightrail's ``nbytes`` the whole gathered buffer, as for every other collective.
+    ``whole``: Chakra -> lightrail (times the group size); else back (what the encoder writes)."""
+    sign = 1 if whole else -1
+    def fix(node: TraceNode) -> TraceNode:
+        if node.op != "collective" or node.kind != Kind.ALLGATHER:
+            return node
+        return replace(node, nbytes=node.nbytes * len(trace.group_of(node)) ** sign)
+    return replace(trace, ranks=tuple(tuple(fix(n) for n in nodes) for nodes in trace.ranks))
 
 
 def _groups_from_file(path: Path, world: int) -> dict[str, tuple[int, ...]]:
