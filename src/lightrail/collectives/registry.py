@@ -1,7 +1,8 @@
 """Registry of collective algorithms by (kind, name), the way a collective library selects one.
 
 Each entry records what it needs (``supports(n)``), how many steps it takes and a one-line
-summary; ``lightrail algorithms`` prints them. The registry refuses duplicate names. One entry
+summary; ``lightrail algorithms`` prints them (read from the ``@register`` decorators' source by
+``lightrail.catalog``, so listing them imports no numpy). The registry refuses duplicate names. One entry
 per kind is marked ``auto``: what a program's collective runs when it names no algorithm
 (:func:`resolve`), so a new algorithm reaches planners and simulators by name, without edits there.
 """
@@ -15,6 +16,8 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lightrail.catalog import INFRASTRUCTURE as _INFRASTRUCTURE
+from lightrail.catalog import parse_kind
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.schedule import Schedule
 from lightrail.errors import UnsupportedError
@@ -84,10 +87,6 @@ def register(kind: Kind | str, name: str, *, summary: str, steps: str,
     return wrap
 
 
-_INFRASTRUCTURE = {"collective", "registry", "schedule", "verify"}
-"""Modules of the package that define no algorithm."""
-
-
 @functools.cache
 def _load() -> None:
     """Import every generator module of the package, which fills the registry (each registers itself):
@@ -104,20 +103,6 @@ def algorithms(kind: Kind | str | None = None) -> list[Algorithm]:
     _load()
     chosen = [a for (k, _), a in _REGISTRY.items() if kind is None or k == Kind(kind)]
     return sorted(chosen, key=lambda a: (list(Kind).index(a.kind), a.name))
-
-
-def parse_kind(kind: Kind | str) -> Kind:
-    """A collective kind from its name, ignoring case, dashes and underscores.
-
-    >>> parse_kind("Reduce-Scatter")
-    <Kind.REDUCESCATTER: 'reducescatter'>
-    """
-    text = str(kind).lower().replace("-", "").replace("_", "")
-    try:
-        return Kind(text)
-    except ValueError:
-        raise UnsupportedError(f"unknown collective {kind!r}", field="op",
-                               fix="use one of " + ", ".join(k.value for k in Kind)) from None
 
 
 def get(kind: Kind | str, name: str) -> Algorithm:

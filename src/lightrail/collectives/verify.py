@@ -31,7 +31,7 @@ from lightrail.collectives.collective import FULL, Kind
 from lightrail.collectives.schedule import Combine, Schedule, rotations
 from lightrail.errors import VerificationError
 
-__all__ = ["Verification", "verify", "is_correct", "verify_bitset", "verify_interval"]
+__all__ = ["Verification", "verify", "is_correct", "verify_bitset", "verify_interval", "verify_tree"]
 
 _BITSET_BUDGET = 256 * 2**20  # bytes of bitset state per chunk batch
 
@@ -71,8 +71,82 @@ def verify(schedule: Schedule) -> Verification:
     try:
         result = verify_interval(target, _chunks=blocks)
     except _NotAnInterval:
-        result = verify_bitset(target, _chunks=blocks)
+        result = None
+        if _bitset_bytes(target, blocks) > TREE_ABOVE:
+            try:
+                result = verify_tree(target)
+            except _NotATree:
+                pass
+        if result is None:
+            result = verify_bitset(target, _chunks=blocks)
     return _record(schedule, result.method + method)
+
+
+TREE_ABOVE = 16 * 2**20
+"""Bitset state (bytes, all chunks) above which an AllReduce that is not an interval merge is first tried as
+reduce-and-broadcast trees (:func:`verify_tree`, linear in the transfers): the double binary tree needs 16 MiB
+of bitsets at 8,192 ranks, 64 MiB at 16,384 and 1 GiB at 65,536. Up to it the bitset proves it, as before."""
+
+
+def _bitset_bytes(schedule: Schedule, chunks: int | None) -> int:
+    n = schedule.nranks
+    return n * ((n + 63) // 64) * 8 * (schedule.nchunks if chunks is None else chunks)
+
+
+class _NotATree(Exception):
+    """The schedule is not reduce-up-then-broadcast-down trees: hand over to the bitset verifier."""
+
+
+def verify_tree(schedule: Schedule) -> Verification:
+    """Prove an AllReduce whose every chunk is reduced up a spanning tree and copied back down, in
+    O(transfers · log n) time and linear memory; raise ``_NotATree`` for any other shape (the bitset
+    verifier then decides, and names the fault if there is one).
+
+    Per chunk the checks are: every rank but one (the root) sends exactly one reduce, and following those
+    sends from any rank reaches the root (a spanning tree, no cycle); a rank sends its reduce strictly after
+    every reduce into it has landed; every rank but the root receives exactly one copy, no earlier than the
+    step in which it sends its reduce; a copy's sender is the root after its last incoming reduce, or a rank
+    whose own copy landed in an earlier step. Then, by induction over the steps, a rank's reduce carries
+    exactly its subtree's contributions (subtrees are disjoint: nothing is counted twice), the root ends with
+    all n, and every copy carries all n, after which nothing writes that slot again: the postcondition.
+    """
+    n, c = schedule.nranks, schedule.nchunks
+    if schedule.kind is not Kind.ALLREDUCE or n < 2:
+        raise _NotATree
+    step = np.repeat(np.arange(schedule.nsteps, dtype=np.int64), np.diff(schedule.step_ptr))
+    chunk = schedule.chunk.astype(np.int64)
+    src, dst = schedule.src.astype(np.int64) + chunk * n, schedule.dst.astype(np.int64) + chunk * n  # slots
+    red = schedule.combine == Combine.REDUCE
+    r_src, r_dst, r_step = src[red], dst[red], step[red]
+    c_src, c_dst, c_step = src[~red], dst[~red], step[~red]
+    slots = n * c
+    if len(r_src) != (n - 1) * c or len(c_src) != (n - 1) * c:
+        raise _NotATree
+    sent = np.bincount(r_src, minlength=slots)
+    got = np.bincount(c_dst, minlength=slots)
+    if sent.max() > 1 or got.max() > 1:
+        raise _NotATree
+    root = np.flatnonzero(sent == 0)  # one per chunk: (n-1)c distinct senders among nc slots
+    if np.any(root // n != np.arange(c)) or np.any(got[root]):
+        raise _NotATree
+    parent = np.arange(slots)
+    parent[r_src] = r_dst  # the roots point at themselves
+    for _ in range(max(1, (n - 1).bit_length()) + 1):  # pointer jumping: 2^k >= n hops reach the root
+        parent = parent[parent]
+    if np.any(parent != np.repeat(root, n)):
+        raise _NotATree  # a cycle, or a rank whose sends never reach its chunk's root
+    send_step = np.full(slots, np.iinfo(np.int64).max)
+    send_step[r_src] = r_step  # the roots never send: "infinitely late"
+    last_in = np.full(slots, -1)
+    np.maximum.at(last_in, r_dst, r_step)
+    if np.any(last_in >= send_step):
+        raise _NotATree  # a rank sends before all its children's partial sums have landed
+    copy_in = np.full(slots, -1)
+    copy_in[c_dst] = c_step
+    copy_in[root] = last_in[root]  # the root holds the full sum after its last incoming reduce
+    if np.any(copy_in[c_dst] < send_step[c_dst]) or np.any(c_step <= copy_in[c_src]):
+        raise _NotATree  # a copy overwrites a partial sum not yet sent, or comes from a rank not yet full
+    return _record(schedule, "tree")
 
 
 def _rotation_holds(schedule: Schedule) -> bool:
@@ -192,6 +266,30 @@ def verify_interval(schedule: Schedule, *, _chunks: int | None = None) -> Verifi
     length = np.zeros(nslots, np.int32)
     start[pre_slot] = pre_who
     length[pre_slot] = 1
+    if schedule.ntransfers <= _SCALAR_PER_STEP * schedule.nsteps:
+        _interval_scalar(schedule, n, c, start, length, src_slot, dst_slot)
+    else:
+        _interval_arrays(schedule, n, c, start, length, src_slot, dst_slot, nslots)
+    rank, chunk = post_rank, post_chunk
+    got_start, got_len = start[post_slot], length[post_slot]
+    good = np.where(want == FULL, got_len == n, (got_len == 1) & (got_start == want))  # full: any start
+    bad = np.flatnonzero(~good)
+    if len(bad):
+        i = int(bad[0])
+        held = (int(got_start[i]) + np.arange(int(got_len[i]))) % n
+        need = "the reduction of all ranks" if want[i] == FULL else f"rank {int(want[i])}'s chunk"
+        raise VerificationError(f"ends holding {_describe(np.sort(held), n)}, needs {need}",
+                                step=schedule.nsteps, rank=int(rank[i]), chunk=int(chunk[i]))
+    return _record(schedule, "interval")
+
+
+_SCALAR_PER_STEP = 2
+"""Schedules with at most this many transfers per step on average (a ring's block 0: one) run the interval
+verifier on Python scalars: numpy's per-call cost would dominate (131,070 one-transfer steps at 65,536 ranks)."""
+
+
+def _interval_arrays(schedule: Schedule, n: int, c: int, start, length, src_slot, dst_slot, nslots: int) -> None:
+    """The interval run, step by step on arrays (updates ``start`` and ``length`` in place)."""
     stamp = np.full(nslots, -1, np.int64)
     index = np.arange(schedule.ntransfers)
     ptr = schedule.step_ptr
@@ -228,17 +326,59 @@ def verify_interval(schedule: Schedule, *, _chunks: int | None = None) -> Verifi
             raise _NotAnInterval
         start[fdst] = np.where(red & (d_len > 0) & after_dst, d_start, s_start)
         length[fdst] = np.where(red, total, s_len)
-    rank, chunk = post_rank, post_chunk
-    got_start, got_len = start[post_slot], length[post_slot]
-    good = np.where(want == FULL, got_len == n, (got_len == 1) & (got_start == want))  # full: any start
-    bad = np.flatnonzero(~good)
-    if len(bad):
-        i = int(bad[0])
-        held = (int(got_start[i]) + np.arange(int(got_len[i]))) % n
-        need = "the reduction of all ranks" if want[i] == FULL else f"rank {int(want[i])}'s chunk"
-        raise VerificationError(f"ends holding {_describe(np.sort(held), n)}, needs {need}",
-                                step=schedule.nsteps, rank=int(rank[i]), chunk=int(chunk[i]))
-    return _record(schedule, "interval")
+
+
+def _interval_scalar(schedule: Schedule, n: int, c: int, start, length, src_slot, dst_slot) -> None:
+    """:func:`_interval_arrays` on Python scalars, transfer by transfer: the same checks in the same order
+    (faults are reported by the array code, on the failing step), for schedules of tiny steps."""
+    ptr = schedule.step_ptr.tolist()
+    srcs, dsts, combines = src_slot.tolist(), dst_slot.tolist(), schedule.combine.tolist()
+    st, ln = start.tolist(), length.tolist()
+    reduce = int(Combine.REDUCE)
+    for s in range(schedule.nsteps):
+        a, z = ptr[s], ptr[s + 1]
+        if z - a == 1:  # one transfer (a ring's block 0): no write conflict possible, the same rules inline
+            f, d = srcs[a], dsts[a]
+            s_start, s_len = st[f], ln[f]
+            if not s_len:
+                _first_empty_send(np.zeros(1, bool), schedule.src[a:z], schedule.chunk[a:z], s)
+            d_len = ln[d]
+            if combines[a] != reduce or not d_len:
+                st[d], ln[d] = s_start, s_len
+                continue
+            d_start, total = st[d], d_len + s_len
+            after_dst = (d_start + d_len) % n == s_start
+            if total > n or not (after_dst or (s_start + s_len) % n == d_start):
+                raise _NotAnInterval
+            st[d], ln[d] = (d_start if after_dst else s_start), total
+            continue
+        if a == z:
+            continue
+        fsrc, fdst = srcs[a:z], dsts[a:z]
+        reads = [(st[i], ln[i]) for i in fsrc]
+        if not all(r[1] for r in reads):
+            _first_empty_send(np.array([r[1] > 0 for r in reads]), schedule.src[a:z], schedule.chunk[a:z], s)
+        if len(set(fdst)) < len(fdst):  # several transfers into one slot
+            _write_conflicts(dst_slot[a:z], schedule.combine[a:z], s, c, schedule.dst[a:z], schedule.chunk[a:z])
+            raise _NotAnInterval
+        new = []
+        for (s_start, s_len), d, op in zip(reads, fdst, combines[a:z], strict=True):
+            if op != reduce:
+                new.append((d, s_start, s_len))
+                continue
+            d_start, d_len = st[d], ln[d]
+            if d_len == 0:
+                new.append((d, s_start, s_len))
+                continue
+            total = d_len + s_len
+            after_dst = (d_start + d_len) % n == s_start
+            if total > n or not (after_dst or (s_start + s_len) % n == d_start):
+                raise _NotAnInterval
+            new.append((d, d_start if after_dst else s_start, total))
+        for d, v_start, v_len in new:
+            st[d], ln[d] = v_start, v_len
+    start[:] = st
+    length[:] = ln
 
 
 def verify_bitset(schedule: Schedule, *, _chunks: int | None = None) -> Verification:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightrail.collectives import resolve
+from lightrail.collectives.compressed import compressed_form, step_traffic
 from lightrail.control.plan import NO_CIRCUITS, Circuits, Mode, Plan, is_matching, rail_circuits, union
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.workload.parallel import Dim, Layout
@@ -161,16 +162,22 @@ class OpusPlanner:
         groups = lay.groups_over(op.group_dims)
         groups = groups[(groups[:, 0] // (lay.world // lay.pp)) == stage]
         k = groups.shape[1]
-        schedule = resolve(op.kind, op.algorithm, k)(k) if k > 1 else None
+        algorithm = resolve(op.kind, op.algorithm, k) if k > 1 else None
+        schedule = None
+        if algorithm is not None:  # the compressed form where there is one: a pattern's pairs are made once
+            schedule = compressed_form(algorithm.kind, algorithm.name, k) or algorithm(k)
+        step_codes, _, ids = step_traffic(schedule) if schedule is not None else ([], [], [])
         # Greedy: extend a part while its circuits stay one matching per rail. Steps with the same
-        # pairs as the previous one (every step of a ring) add nothing and are not recomputed.
+        # pairs as the previous one (every step of a ring) add nothing and are not recomputed; steps with
+        # the same traffic share their (src, dst) arrays.
         parts: list = []
         current: list = []
         circuits, last_key = NO_CIRCUITS, None
-        for st in (schedule.steps if schedule is not None else ()):
-            codes = np.unique(st.src.astype(np.int64) * k + st.dst)
-            src, dst = groups[:, codes // k].ravel(), groups[:, codes % k].ravel()
-            key = codes.tobytes()
+        pairs: dict[int, tuple[np.ndarray, np.ndarray, bytes]] = {}
+        for codes, i in zip(step_codes, ids, strict=True):
+            if i not in pairs:
+                pairs[i] = (groups[:, codes // k].ravel(), groups[:, codes % k].ravel(), codes.tobytes())
+            src, dst, key = pairs[i]
             if key != last_key:
                 step_circuits = rail_circuits(lay, src, dst)
                 merged = union(lay, circuits, step_circuits)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lightrail.collectives.compressed import CompressedSchedule, compressed_form, step_traffic
 from lightrail.collectives.schedule import Schedule
 from lightrail.errors import InfeasibleError
 from lightrail.fabric.params import ReconfigurableFabric
@@ -56,24 +57,18 @@ class Planner:
     """Reconfiguration plans for one schedule on one fabric; step costs are computed once.
 
     Step costs are linear in the bytes per chunk, so one planner answers many message sizes and
-    delays (``totals``) with the same engine work.
+    delays (``totals``) with the same engine work. ``schedule`` may be explicit or compressed
+    (``collectives.compressed``): the plans are the same.
     """
 
-    def __init__(self, schedule: Schedule, fabric: ReconfigurableFabric, *, max_batch: int | None = None,
-                 max_states: int = 16):
+    def __init__(self, schedule: Schedule | CompressedSchedule, fabric: ReconfigurableFabric, *,
+                 max_batch: int | None = None, max_states: int = 16):
         if schedule.nranks != fabric.n:
             raise InfeasibleError(f"schedule has {schedule.nranks} ranks, fabric {fabric.n}", field="ranks")
         self.schedule, self.fabric = schedule, fabric
-        n = fabric.n
-        self.patterns: list[np.ndarray] = []  # per step: sorted unique codes
-        self.weights: list[np.ndarray] = []  # per step: chunks per pair
-        self.pattern_id: list[int] = []  # per step: steps with the same traffic share an id
-        seen: dict[bytes, int] = {}
-        for st in schedule.steps:
-            codes, counts = np.unique(st.src.astype(np.int64) * n + st.dst, return_counts=True)
-            self.patterns.append(codes)
-            self.weights.append(counts.astype(float))
-            self.pattern_id.append(seen.setdefault(codes.tobytes() + counts.tobytes(), len(seen)))
+        # per step: sorted unique pair codes, chunks per pair, and an id shared by steps with the same traffic
+        # (a compressed schedule's pattern is turned into pairs once, for every step that applies it)
+        self.patterns, self.weights, self.pattern_id = step_traffic(schedule)
         self.configs: list[np.ndarray] = [fabric.initial_codes()]
         self._config_id: dict[bytes, int] = {self.configs[0].tobytes(): 0}
         self._engines: dict[int, Engine] = {}
@@ -320,7 +315,8 @@ def choose(op: str, size: float, fabric: ReconfigurableFabric, *, algorithms=Non
     for algo in candidates:
         if not algo.supports(fabric.n):
             continue
-        planner = Planner(algo(fabric.n), fabric)
+        compressed = compressed_form(algo.kind, algo.name, fabric.n)
+        planner = Planner(algo(fabric.n) if compressed is None else compressed, fabric)
         plan = planner.plan(size)
         results.append((plan.total_s, algo.name, plan, planner.plan_static(size).total_s))
     if not results:

@@ -11,12 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.sparse.csgraph import shortest_path
 
 from lightrail.errors import InfeasibleError
+
+if TYPE_CHECKING:  # scipy is imported where BFS runs: builders with closed-form hops never pay its ~0.1 s
+    import scipy.sparse as sp
 
 __all__ = ["NodeKind", "Topology"]
 
@@ -71,6 +73,8 @@ class Topology:
 
     @cached_property
     def _reverse(self) -> sp.csr_matrix:
+        import scipy.sparse as sp
+
         v = self.num_nodes
         return sp.csr_matrix((np.ones(self.num_links), (self.dst, self.src)), shape=(v, v))
 
@@ -83,6 +87,8 @@ class Topology:
         """Rows ``dist[k, u]`` = hops from u to ``targets[k]``, by reverse BFS computed once per target."""
         cache = self._bfs
         new = np.unique(targets[cache["row"][targets] < 0])
+        from scipy.sparse.csgraph import shortest_path
+
         for start in range(0, len(new), 256):  # bounded memory per batch of BFS sources
             batch = new[start:start + 256]
             dist = shortest_path(self._reverse, unweighted=True, directed=True, indices=batch)
