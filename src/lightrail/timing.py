@@ -10,10 +10,14 @@ the step lasts as long as its slowest pair, and a collective is the sum of its s
 Because a pair's time is linear in the bytes per chunk, a step is reduced once to per-pair
 (latency, seconds-per-chunk-byte) coefficients; timing it at any message size is then one max.
 Steps with the same pairs and multiplicities share the work (a ring's 2(n-1) steps are one).
+On a ring topology shortest paths are arcs, so a step's loads and per-pair maxima are computed in closed form
+(difference arrays and a range maximum) rather than hop by hop: the same numbers, O(n log n) instead of
+O(n^2) for pairs n/2 hops apart (recursive doubling and halving at 65,536 ranks).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +67,32 @@ class CollectiveTiming:
         return len(self.step_times)
 
 
+def _reduced_chunks(schedule) -> np.ndarray:
+    """Per step, the most chunks any one rank reduces into its buffer (0 for a copying step): what the
+    optional local-memory term charges. Takes a Schedule or a CompressedSchedule (per pattern, not per
+    transfer)."""
+    from lightrail.collectives.schedule import Combine
+
+    if hasattr(schedule, "step_pattern"):  # compressed: a pattern's in-chunks per rank, once per pattern
+        most = []
+        for pattern in schedule.patterns:
+            if not pattern.ntransfers:
+                most.append(0.0)
+                continue
+            _, dst, weight = pattern.pairs
+            most.append(float(np.bincount(dst, weights=weight).max()))
+        reduces = np.asarray(schedule.step_combine) == Combine.REDUCE
+        return np.where(reduces, np.asarray(most)[schedule.step_pattern], 0.0)
+    steps = len(schedule.step_ptr) - 1
+    step_of = np.repeat(np.arange(steps), np.diff(schedule.step_ptr))
+    red = schedule.combine == Combine.REDUCE
+    n = int(schedule.nranks)
+    keys, counts = np.unique(step_of[red].astype(np.int64) * n + schedule.dst[red], return_counts=True)
+    out = np.zeros(steps)
+    np.maximum.at(out, keys // n, counts)
+    return out
+
+
 def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
     return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
@@ -75,6 +105,12 @@ class Engine:
     topology : the network state.
     alpha : per-step start-up cost in seconds (software, synchronisation), charged once per step.
     placement : endpoint node of each rank (default: rank r on GPU r).
+    endpoint_delay : optional; seconds each step's data waits at its endpoints, plus once more for the
+        collective's result (ASTRA-sim's ``endpoint-delay``: charged ``steps + 1`` times there, measured
+        side by side in ``benchmarks/vs_astra_sim.py``). Default 0: lightrail's alpha is the start-up.
+    local_mem_bw : optional; bytes/s of the local memory a reduction streams through: a step that reduces
+        ``c`` chunks into a rank adds ``3 c chunk_bytes / local_mem_bw`` (two reads and one write, as
+        ASTRA-sim's ``PacketBundle`` charges it). Default None: not charged.
 
     Examples
     --------
@@ -87,9 +123,12 @@ class Engine:
     6.000006
     """
 
-    def __init__(self, topology: Topology, *, alpha: float = 0.0, placement: np.ndarray | None = None):
+    def __init__(self, topology: Topology, *, alpha: float = 0.0, placement: np.ndarray | None = None,
+                 endpoint_delay: float = 0.0, local_mem_bw: float | None = None):
         self.topology = topology
         self.alpha = float(alpha)
+        self.endpoint_delay = float(endpoint_delay)
+        self.local_mem_bw = None if local_mem_bw is None else float(local_mem_bw)
         self.placement = np.arange(topology.num_endpoints) if placement is None else np.asarray(placement)
         self._patterns: dict[bytes, StepModel] = {}
         self._links_by_pair: tuple[np.ndarray, np.ndarray] | None = None
@@ -198,12 +237,82 @@ class Engine:
 
     def _model(self, uniq: np.ndarray, weight: np.ndarray) -> StepModel:
         n = len(self.placement)
-        routes = self.route(self.placement[uniq // n], self.placement[uniq % n])
+        src, dst = self.placement[uniq // n], self.placement[uniq % n]
+        if self._ring_exact(src, dst, weight):
+            return self._ring_model(src, dst, weight)
+        routes = self.route(src, dst)
         load = np.bincount(routes.link, weights=routes.frac * weight[routes.pair],
                            minlength=self.topology.num_links)
         per_byte = np.zeros(len(uniq))
         np.maximum.at(per_byte, routes.pair, load[routes.link] / self.topology.bandwidth[routes.link])
         return StepModel(routes.latency, per_byte)
+
+    # -- rings in closed form ------------------------------------------------------------------
+    @functools.cached_property
+    def _ring(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """For a bidirectional ring of the endpoints alone (the ``ring`` builder: node i linked to i+1 and
+        back, nothing else, one latency): link ``i -> i+1`` and link ``i+1 -> i`` per i, and the latency of
+        a path of h hops summed hop by hop as :meth:`route` sums it (``hop_latency[h - 1]``). Else None."""
+        topo = self.topology
+        n = topo.num_nodes
+        if n < 3 or topo.num_endpoints != n or topo.num_links != 2 * n or np.ptp(topo.latency) != 0:
+            return None
+        keys, by_key = self._link_index
+        i = np.arange(n, dtype=np.int64)
+        want = np.concatenate([i * n + (i + 1) % n, (i + 1) % n * n + i])
+        at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+        if not np.array_equal(keys[at], want):  # 2n distinct wanted links among 2n: exactly the ring
+            return None
+        links = by_key[at]
+        return links[:n], links[n:], np.cumsum(np.full(n, topo.latency[0]))
+
+    def _ring_exact(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> bool:
+        """Whether :meth:`_ring_model` applies and sums exactly as :meth:`route` does: a ring, distinct
+        nodes, and weights that are whole chunk counts (their halves and sums exact in floating point)."""
+        return (self._ring is not None and len(src) > 0 and not np.any(src == dst)
+                and bool(np.all(weight == np.floor(weight))) and float(np.abs(weight).sum()) < 2.0**50)
+
+    def _ring_loads(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray):
+        """Shortest paths on a ring as arcs: pair i goes ``d`` hops clockwise (d < n/2), ``n - d`` hops
+        counter-clockwise (d > n/2), or half each way (d = n/2: ECMP splits at the source, then each branch
+        has one shortest next hop). Clockwise link i is ``i -> i+1``; counter-clockwise link j is
+        ``j+1 -> j``, so both directions' arcs are intervals of link positions, loaded by a difference array
+        in O(pairs + n) instead of one frontier pass per hop. Returns the arcs and per-position loads."""
+        n = self.topology.num_nodes
+        src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+        d = (dst - src) % n
+        half = 2 * d == n
+        cw, ccw = (2 * d < n) | half, (2 * d > n) | half
+        share = np.where(half, weight / 2, weight)
+        arcs = []
+        for take, start, length in ((cw, src, d), (ccw, dst, n - d)):
+            a, k, w = start[take], length[take], share[take]
+            diff = np.bincount(a, weights=w, minlength=2 * n + 1) - np.bincount(a + k, weights=w, minlength=2 * n + 1)
+            run = np.cumsum(diff)
+            arcs.append((take, a, k, run[:n] + run[n:2 * n]))
+        return arcs
+
+    def _ring_model(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> StepModel:
+        """:meth:`_model` on a ring in O(pairs + n log n): arc loads, then a sparse-table range maximum of
+        ``load / bandwidth`` over each arc. Equal to the hop-by-hop routing (tests compare both)."""
+        cw_links, ccw_links, hop_latency = self._ring
+        per_byte = np.zeros(len(src))
+        latency = np.zeros(len(src))
+        for (take, a, k, load), links in zip(self._ring_loads(src, dst, weight), (cw_links, ccw_links),
+                                             strict=True):
+            if not len(a):
+                continue
+            ratio = np.tile(load / self.topology.bandwidth[links], 2)
+            level = np.floor(np.log2(k)).astype(np.int64)
+            best = np.full(len(a), -np.inf)
+            table = ratio
+            for j in range(int(level.max()) + 1):  # table[i] = max(ratio[i : i + 2^j])
+                at = level == j
+                best[at] = np.maximum(table[a[at]], table[a[at] + k[at] - (1 << j)])
+                table = np.maximum(table[:-(1 << j)], table[1 << j:]) if (2 << j) <= len(ratio) else table
+            per_byte[take] = np.maximum(per_byte[take], best)
+            latency[take] = np.maximum(latency[take], hop_latency[k - 1])
+        return StepModel(latency, per_byte)
 
     def step_model(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None = None) -> StepModel:
         """The timing model of concurrent transfers ``src -> dst`` (ranks), each of ``weight`` units."""
@@ -233,7 +342,13 @@ class Engine:
         nbytes = np.broadcast_to(np.asarray(nbytes, float), np.shape(src))
         uniq, w = self._pairs(src, dst, nbytes)
         n = len(self.placement)
-        routes = self.route(self.placement[uniq // n], self.placement[uniq % n])
+        src, dst = self.placement[uniq // n], self.placement[uniq % n]
+        if self._ring_exact(src, dst, w):
+            load = np.zeros(self.topology.num_links)
+            for (*_, arc_load), links in zip(self._ring_loads(src, dst, w), self._ring[:2], strict=True):
+                load[links] = arc_load
+            return load
+        routes = self.route(src, dst)
         return np.bincount(routes.link, weights=routes.frac * w[routes.pair], minlength=self.topology.num_links)
 
     def transfer_time(self, src, dst, nbytes) -> float:
@@ -265,7 +380,12 @@ class Engine:
             if id(m) not in cache:
                 cache[id(m)] = m.time(cb, self.alpha)
         times = np.array([cache[id(m)] for m in models])
-        return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
+        if not (self.endpoint_delay or self.local_mem_bw):
+            return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
+        times = times + self.endpoint_delay
+        if self.local_mem_bw:
+            times = times + 3.0 * cb * _reduced_chunks(schedule) / self.local_mem_bw
+        return CollectiveTiming(schedule.name, float(size), float(times.sum()) + self.endpoint_delay, times)
 
     # -- compressed schedules ------------------------------------------------------------------
     def profile_compressed(self, schedule) -> list[StepModel]:
