@@ -167,7 +167,8 @@ JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "oc
              "revocations_per_iteration", "reconfigurations_per_iteration", "reconfigurations_per_rail_per_iteration",
              "request_latency_p50_s", "request_latency_p99_s", "acquire_wait_p99_s", "unsafe_reconfigurations",
              "losses_identical", "losses", "lightrail_losses", "gloo_iteration_series_s",
-             "lightrail_iteration_series_s", "measurement", "predicted", "controller_startup_s"]
+             "lightrail_iteration_series_s", "measurement", "predicted", "controller_startup_s", "controller_restarts",
+             "spares", "recovery"]
 """train-demo.json's keys, in order, as before the result was typed."""
 
 
@@ -222,3 +223,27 @@ def test_train_demo_table_reports_the_typed_result(monkeypatch, tmp_path):
                  "20ms (+20.0%)", "measured / predicted overhead: 2.00x", "leases on", "losses identical: yes",
                  f"wrote {tmp_path / 'train-demo.json'}, {tmp_path / 'iterations.png'}"):
         assert text in flat, text
+
+
+def test_train_demo_spare_flags_reach_the_run_and_its_recovery_is_reported(monkeypatch, tmp_path):
+    recovery = {"rank": 3, "spare": 8, "checkpoint_step": 9, "steps_lost": 0, "detected_by": "controller",
+                "detect_s": 0.01, "rewire_s": 0.002, "rebuild_s": 0.1, "restore_s": 0.05, "first_step_s": 0.5,
+                "woken_by": {"connection": 7}, "losses_match_uninterrupted": True}
+    calls = []
+
+    def canned(config, **kw):
+        calls.append(kw)
+        return dataclasses.replace(_canned(config, **kw), spares=kw["spares"], recovery=recovery)
+
+    monkeypatch.setattr("lightrail.studies.photonic_demo.run_photonic_demo", canned)
+    args = ["train-demo", "--steps", "20", "--spares", "1", "--kill-rank", "3", "--kill-at-step", "10",
+            "--out", str(tmp_path)]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    assert {k: calls[0][k] for k in ("spares", "kill_rank", "kill_at_step")} == \
+        {"spares": 1, "kill_rank": 3, "kill_at_step": 10}
+    result = json.loads(r.output[r.output.index("{"):])
+    assert result["recovery"] == recovery and result["spares"] == 1
+    r = CliRunner().invoke(app, args)
+    flat = " ".join(r.output.split())
+    assert "rank 3 killed (SIGKILL), spare 8 took its place" in flat and "first step after 500ms" in flat, flat

@@ -15,6 +15,7 @@ from lightrail.cli.options import (
     parse_mode,
     print_json,
     progress_steps,
+    writes_files,
 )
 from lightrail.defaults import RECONFIG_DELAY, Mode
 from lightrail.units import parse_time
@@ -51,6 +52,16 @@ def train_demo_cmd(
                                                         help="Ranks per server = rails (default: --tp).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for train-demo.json and iterations.png.")]
     = Path("out/train-demo"),
+    kill_controller_at_step: Annotated[int | None, typer.Option(
+        "--kill-controller-at-step", help="Kill the controller (SIGKILL) once training completed this many steps "
+                                          "and start it again on the same state and ports; the ranks reconnect "
+                                          "(JSON: controller_restarts).")] = None,
+    spares: Annotated[int, typer.Option("--spares", help="Idle spare worker processes attached to the fabric; "
+                                                         "one takes a failed rank's place (LUMION).")] = 0,
+    kill_rank: Annotated[int | None, typer.Option("--kill-rank", help="Kill this rank's process (SIGKILL) at "
+                                                                      "--kill-at-step (JSON: recovery).")] = None,
+    kill_at_step: Annotated[int | None, typer.Option("--kill-at-step", help="The step at whose start "
+                                                                            "--kill-rank dies.")] = None,
     as_json: JsonOut = False,
 ):
     """Train a small GPT (TP x PP x DP, CPU processes) on plain gloo and on emulated photonic rails
@@ -66,8 +77,11 @@ def train_demo_cmd(
     leases = _leases(leases)
     with progress_steps(2, "train-demo", as_json) as step:
         result = run_photonic_demo(config, ocs_delay_s=delay, mode=mode, gpus_per_server=gpus_per_server,
-                                   leases=leases, progress=step)
-    wrote = write_train_demo(result, out_dir)
+                                   leases=leases, progress=step,
+                                   kill_controller_at_step=() if kill_controller_at_step is None
+                                   else kill_controller_at_step, spares=spares, kill_rank=kill_rank,
+                                   kill_at_step=kill_at_step)
+    wrote = write_train_demo(result, out_dir) if writes_files(as_json) else []
     if as_json:
         print_json(result.to_dict())
     else:

@@ -54,6 +54,19 @@ def print_train_demo(result: PhotonicDemoResult, console: Console, *, wrote: Seq
     console.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
                   f"{'yes' if result.losses_identical else 'NO'}; unsafe reconfigurations: "
                   f"{int(result.unsafe_reconfigurations)}")
+    restarts = result.controller_restarts
+    if restarts:
+        console.print(f"controller killed (SIGKILL) and restarted {restarts} time{'s' if restarts > 1 else ''} "
+                      f"mid-training; the ranks reconnected and finished", highlight=False)
+    rec = result.recovery
+    if rec:
+        console.print(f"rank {rec['rank']} killed (SIGKILL), spare {rec['spare']} took its place "
+                      f"({rec['detected_by']} detected it): detect {format_time(rec['detect_s'])}, rewire "
+                      f"{format_time(rec['rewire_s'])}, rebuild {format_time(rec['rebuild_s'])}, restore "
+                      f"{format_time(rec['restore_s'])}, first step after {format_time(rec['first_step_s'])}; "
+                      f"resumed after step {rec['checkpoint_step']}, {rec['steps_lost']} steps lost; losses match "
+                      f"an uninterrupted run: {'yes' if rec['losses_match_uninterrupted'] else 'NO'}",
+                      highlight=False)
     console.print(f"measurement: {result.measurement}", highlight=False)
     if wrote:
         console.print(f"wrote {', '.join(map(str, wrote))}")

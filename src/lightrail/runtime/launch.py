@@ -5,19 +5,34 @@ taking no arguments) runs in every worker before ``init_process_group``, e.g. to
 backend, and what it returns reaches ``fn`` as its ``context`` argument: workers get their state
 through arguments (``functools.partial(torch_backend.setup, config)`` hands each its backend agent),
 never through the environment. The launcher sets only ``GLOO_SOCKET_IFNAME=lo``, for loopback.
+
+``run_elastic`` is the launcher for jobs that survive a dead worker: it hosts the TCPStore itself (so no
+rank's death takes the rendezvous away), starts idle spares beside the ranks, watches every process and,
+when one dies, names the spare that takes its rank over (a :class:`Notice` in the store); the workers
+rebuild their groups under the next generation's store prefix.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import multiprocessing.connection as mp_connection
 import os
+import pickle
 import socket
+import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "run_processes"]
+from lightrail.errors import InfeasibleError, LightrailError
+
+__all__ = ["free_port", "run_processes", "run_elastic", "Elastic", "Notice"]
 
 
 def free_port() -> int:
@@ -34,8 +49,23 @@ def _worker(rank: int, n: int, port: int, fn: Callable, args: tuple, results, ba
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n, **options)
     try:
         results[rank] = fn(rank, n, *args) if context is None else fn(rank, n, *args, context=context)
+    except LightrailError as e:  # handed to the parent, which raises it as one line (no worker traceback)
+        results[-1 - rank] = (type(e).__name__, e.message, e.field, e.fix)
     finally:
         dist.destroy_process_group()
+
+
+def _raise_worker_error(results) -> None:
+    """The first LightrailError a worker handed back (see ``_worker``), raised in the parent."""
+    import lightrail.errors
+
+    failed = sorted(k for k in results.keys() if k < 0)
+    if failed:
+        name, message, field, fix = results[failed[-1]]
+        cls = getattr(lightrail.errors, name, None)
+        cls = cls if isinstance(cls, type) and issubclass(cls, LightrailError) and name != "VerificationError" \
+            else LightrailError
+        raise cls(message, field=field, fix=fix)
 
 
 def run_processes(fn: Callable, n: int, *args, backend: str = "gloo", init: Callable[[], Any] | None = None,
@@ -52,6 +82,153 @@ def run_processes(fn: Callable, n: int, *args, backend: str = "gloo", init: Call
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
-        mp.start_processes(_worker, args=(n, free_port(), fn, args, results, backend, init, pg_options), nprocs=n,
-                           join=True, start_method="spawn")
+        try:
+            mp.start_processes(_worker, args=(n, free_port(), fn, args, results, backend, init, pg_options),
+                               nprocs=n, join=True, start_method="spawn")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            _raise_worker_error(results)  # a rank's peers fail after it (their gloo peer is gone): its error wins
+            raise
+        _raise_worker_error(results)
         return [results[r] for r in range(n)]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the launcher tells the workers when a process died: the logical rank it held and the spare
+    (process index) that takes it over, or None when no spare is left. ``generation`` numbers the
+    process groups (0 at start; each failure starts the next), ``t_detected`` is wall-clock time."""
+
+    generation: int
+    rank: int
+    spare: int | None
+    t_detected: float
+
+
+class Elastic:
+    """A worker's handle on the launcher (see :func:`run_elastic`): the TCPStore the parent hosts, so no
+    rank's death takes it away; process groups of generation g live under the store prefix ``g<g>/``."""
+
+    def __init__(self, store_port: int, proc: int, world: int, spares: int, timeout_s: float):
+        self.proc, self.world, self.spares, self.timeout_s = proc, world, spares, timeout_s
+        self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
+
+    @property
+    def spare(self) -> bool:
+        return self.proc >= self.world
+
+    def init_group(self, backend: str, rank: int, generation: int, **kwargs) -> None:
+        """The default process group of ``generation`` (its own store prefix: a new rendezvous)."""
+        store = dist.PrefixStore(f"g{generation}/", self.store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=self.world,
+                                timeout=timedelta(seconds=self.timeout_s), **kwargs)
+
+    def notice(self, generation: int, timeout_s: float = 60.0) -> Notice:
+        """Block until the launcher announces the failure that starts ``generation``."""
+        key = f"notice/{generation}"
+        self.store.wait([key], timedelta(seconds=timeout_s))
+        return Notice(**json.loads(self.store.get(key)))
+
+    def report_failed(self, rank: int, generation: int) -> None:
+        """The controller failed ``rank`` (its heartbeats stopped) while its process may still live (hung,
+        SIGSTOP): the launcher kills it, then announces the failure as for a process that died."""
+        self.store.set(f"failed/{rank}/{generation}", "1")
+
+    def mark(self, what: str, value=None) -> None:
+        """Record a wall-clock event (``value`` defaults to now), e.g. the moment a rank is killed."""
+        self.store.append("marks", json.dumps({what: time.time() if value is None else value}) + "\n")
+
+
+def _elastic_worker(proc: int, world: int, spares: int, store_port: int, timeout_s: float, fn: Callable, args: tuple,
+                    init: Callable[[], Any] | None) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    elastic = Elastic(store_port, proc, world, spares, timeout_s)
+    try:
+        context = init() if init is not None else None
+        result = fn(proc, world, *args, context=context, elastic=elastic)
+        elastic.store.set(f"result/{proc}", pickle.dumps(result))
+    except LightrailError as e:
+        elastic.store.set(f"error/{proc}", pickle.dumps((type(e), (e.message,), {"field": e.field, "fix": e.fix})))
+    except BaseException:  # noqa: BLE001 (handed to the parent, which raises it)
+        elastic.store.set(f"error/{proc}", pickle.dumps((RuntimeError, (traceback.format_exc(),), {})))
+
+
+def run_elastic(fn: Callable, world: int, spares: int, *args, init: Callable[[], Any] | None = None,
+                timeout_s: float = 30.0, join_s: float = 600.0) -> tuple[list, list[Notice], dict[str, float]]:
+    """Run ``fn(proc, world, *args, context=..., elastic=...)`` in ``world + spares`` spawned processes:
+    ``world`` ranks and ``spares`` idle spares (process index ``world + i``). The parent hosts the
+    TCPStore and watches the processes: when one dies before finishing, it announces a :class:`Notice`
+    (the lowest unused spare takes its rank — the rule the controller applies too) and the survivors
+    rebuild their groups in the next generation. With no spare left it ends every process and raises
+    ``InfeasibleError`` (one line: which rank failed).
+
+    Returns each logical rank's result (from whichever process held that rank at the end), the notices,
+    and the wall-clock marks the workers recorded (``Elastic.mark``)."""
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    procs = [ctx.Process(target=_elastic_worker, args=(p, world, spares, store.port, timeout_s, fn, args, init),
+                         daemon=True) for p in range(world + spares)]
+    for p in procs:
+        p.start()
+    holder = list(range(world))  # logical rank -> process index
+    idle = list(range(world, world + spares))
+    notices: list[Notice] = []
+    deadline = time.monotonic() + join_s
+    over = False
+    try:
+        running = {p.sentinel: i for i, p in enumerate(procs)}
+        while running:
+            if not over and not any(procs[i].sentinel in running for i in holder):
+                over = True  # every rank finished: idle spares are told the job is over (rank -1)
+                store.set(f"notice/{len(notices) + 1}", json.dumps(
+                    dataclasses.asdict(Notice(len(notices) + 1, -1, None, time.time()))))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise InfeasibleError(f"the job did not finish within {join_s:g} s", field="--steps",
+                                      fix="run fewer steps")
+            for r, i in enumerate(holder):  # a hung rank the controller failed (heartbeats): end it for good
+                if store.check([f"failed/{r}/{len(notices)}"]) and procs[i].is_alive():
+                    procs[i].kill()
+            for sentinel in mp_connection.wait(list(running), timeout=min(left, 0.05)):
+                i = running.pop(sentinel)
+                procs[i].join()
+                if _finished(store, i):
+                    continue
+                t_detected = time.time()
+                if i not in holder:  # an idle spare died: nothing to take over
+                    idle = [s for s in idle if s != i]
+                    continue
+                rank = holder.index(i)
+                spare = idle.pop(0) if idle else None
+                notice = Notice(len(notices) + 1, rank, spare, t_detected)
+                notices.append(notice)
+                store.set(f"notice/{notice.generation}", json.dumps(dataclasses.asdict(notice)))
+                if spare is None:
+                    raise InfeasibleError(f"rank {rank} failed and no spare is left", field="--spares",
+                                          fix="start the job with (more) --spares")
+                holder[rank] = spare
+        for i in holder:
+            _raise_error(store, i)
+        for i in idle:  # spares never used end with nothing to report; an error they hit is still one
+            _raise_error(store, i)
+        results = [pickle.loads(store.get(f"result/{i}")) for i in holder]
+        marks = {}
+        if store.check(["marks"]):
+            for line in store.get("marks").decode().splitlines():
+                marks.update(json.loads(line))
+        return results, notices, marks
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(5)
+
+
+def _finished(store, proc: int) -> bool:
+    return store.check([f"result/{proc}"]) or store.check([f"error/{proc}"])
+
+
+def _raise_error(store, proc: int) -> None:
+    if store.check([f"error/{proc}"]):
+        kind, args, extra = pickle.loads(store.get(f"error/{proc}"))
+        raise kind(*args, **extra)

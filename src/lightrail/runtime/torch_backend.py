@@ -46,14 +46,29 @@ it finishes the last op before a change of group, sends a ``prepare`` of the gro
 (with the release, for a per-op group), so the controller can revoke and reconfigure while the rank
 computes. Ops complete before they return (the backend waits for the wrapped work) so that their end
 is known; exchange patterns that need a send and a receive in flight at once (``batch_isend_irecv``
-both ways) are not supported through it.
+both ways) are not supported through it. With NCCL, ``wait()`` only orders the caller's CUDA stream
+after the op, so ``run_op`` also records a CUDA event after it and synchronizes on that event before
+the release (or the lease's ``leave``): circuits are released only after the op's data has moved.
+
+Failover (spare splicing, LUMION; issue 17): a job may start with idle spares (``Agent.connect_spare``:
+hello with ``spare: true`` and one port per rail, :func:`spare_ports`). When a rank dies the controller
+moves its ports to a spare, resets the job's groups and pushes ``failover``; the push fails any acquire
+the rank is blocked in, and the next op raises. The rank then drops its groups (``Agent.abort``: the
+wrapped backends are freed, their connections close, so peers blocked on this rank fail at once rather
+than at gloo's timeout — gloo's own ``abort`` does not wake a blocked op), and ``Agent.failover`` maps
+the failed rank's ports to the spare's in every circuit it computes (``circuits_of(..., moved)``, the
+controller's own rewrite), forgets its leases (the controller reset them), and in the spare says hello
+again as the failed rank. Rebuilding the groups and restoring the state is the job's (see
+``studies/train_demo.py``).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -63,7 +78,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from lightrail.control.plan import Mode, Plan, rail_circuits, runtime_plan
 from lightrail.errors import InfeasibleError, ScenarioError
-from lightrail.runtime.controller.client import ControllerClient
+from lightrail.runtime.controller.client import ControllerClient, ControllerError
 from lightrail.workload.parallel import ORDER, Layout
 
 __all__ = ["BackendConfig", "Inner", "Agent", "setup", "register", "idle_stats", "LightrailProcessGroup",
@@ -96,6 +111,8 @@ class BackendConfig:
     """Let groups whose phase is one configuration of the Plan hold their circuits across ops."""
     inner: Inner = Inner.GLOO
     """The wrapped backend: ``gloo`` (CPU) or ``nccl`` (GPU)."""
+    token: str | None = None
+    """The job's secret from the controller's ``POST /jobs`` (sent in every rank's hello)."""
 
     def __post_init__(self):
         if not isinstance(self.layout, Layout):
@@ -131,17 +148,27 @@ def phase_of(layout: Layout, ranks) -> str:
     return "+".join(varying) or "self"
 
 
-def circuits_of(layout: Layout, transfers) -> dict[str, dict[int, int]]:
+def circuits_of(layout: Layout, transfers,
+                moved: dict[tuple[str, int], int] | None = None) -> dict[str, dict[int, int]]:
     """Circuits that (src, dst) transfers need (``rail_circuits``: on the rail of dst, server(src) ->
-    server(dst)), as the controller's ``{"rail<i>": {input: output}}``."""
+    server(dst)), as the controller's ``{"rail<i>": {input: output}}``. ``moved`` maps (device, port) of a
+    failed rank to its spare's port on that device: the controller's failover rewrites circuits the same way."""
     transfers = list(transfers)
     if not transfers:
         return {}
     src, dst = zip(*transfers, strict=True)
+    moved = moved or {}
     out: dict[str, dict[int, int]] = {}
     for rail, tx, rx in zip(*rail_circuits(layout, src, dst), strict=True):
-        out.setdefault(f"rail{int(rail)}", {})[int(tx)] = int(rx)
+        device = f"rail{int(rail)}"
+        out.setdefault(device, {})[moved.get((device, int(tx)), int(tx))] = moved.get((device, int(rx)), int(rx))
     return out
+
+
+def spare_ports(layout: Layout, index: int) -> dict[str, int]:
+    """Spare ``index``'s ports: one on every rail, after the servers' (a spare server with a GPU per rail,
+    so it can take any rank's place); the controller is started with ``servers + spares`` ports per rail."""
+    return {f"rail{k}": layout.servers + index for k in range(layout.gpus_per_server)}
 
 
 class Agent:
@@ -168,6 +195,11 @@ class Agent:
         self.run_key: str | None = None
         self.run = 0
         self.after: dict[tuple[str, int], str | None] = {}
+        self.moved: dict[tuple[str, int], int] = {}  # failed ranks' ports -> their spares' (failover)
+        self.groups: list[weakref.ref] = []  # this generation's groups (dropped on a failure: see ``abort``)
+        self.pushes: list[dict] = []  # the controller's failover / dead pushes
+        self._pushed = threading.Condition()
+        self.handled = 0  # pushes the job recovered from
         self.ops = 0  # ops on groups with circuits
         self.under_lease = 0  # of which ran under a lease (no request)
         self.revokes = 0
@@ -181,13 +213,90 @@ class Agent:
         self.rank = rank
         if self.config.controller is None:
             return False
+        self._client(rank).hello(self.layout.world,
+                                 {f"rail{int(self.layout.rail(rank))}": int(self.layout.server(rank))})
+        return True
+
+    def _client(self, rank: int) -> ControllerClient:
         # The client's reader thread answers revokes while the main thread computes: with CPython's
         # default 5 ms switch interval a revoke could wait that long for the GIL at every rank.
         sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
         host, port = self.config.address()
-        self.client = ControllerClient(host, port, job=self.config.job, rank=rank, on_revoke=self._revoked)
-        self.client.hello(self.layout.world, {f"rail{int(self.layout.rail(rank))}": int(self.layout.server(rank))})
-        return True
+        self.client = ControllerClient(host, port, job=self.config.job, rank=rank, on_revoke=self._revoked,
+                                       token=self.config.token, on_failover=self._on_push, on_dead=self._on_push)
+        return self.client
+
+    # -- failover (spare splicing) ----------------------------------------------------------------------
+    def connect_spare(self, index: int) -> None:
+        """An idle spare process says hello as the job's spare ``index`` (rank id ``world + index``), with
+        its ports on every rail (:func:`spare_ports`); it joins no group until it takes a rank over."""
+        if self.config.controller is None:
+            return
+        self._client(self.layout.world + index).hello(self.layout.world, spare_ports(self.layout, index), spare=True)
+
+    def _on_push(self, message: dict) -> None:
+        """The controller's failover or dead push (reader thread): wake whatever this rank waits for."""
+        with self._pushed:
+            self.pushes.append({**message, "t": time.time()})
+            self._pushed.notify_all()
+        if message.get("op") in ("failover", "dead"):
+            _interrupt(self.client, message)
+
+    def pending_failure(self) -> dict | None:
+        """A failover or dead push this rank has not recovered from yet."""
+        with self._pushed:
+            news = [m for m in self.pushes[self.handled:] if m.get("op") in ("failover", "dead")]
+        return news[0] if news else None
+
+    def abort(self) -> None:
+        """Drop the wrapped backend of every group of the failed generation: their connections close, so
+        peers blocked on this rank fail now (gloo's ``abort`` does not wake a blocked op; closing does)."""
+        for ref in self.groups:
+            group = ref()
+            if group is not None:
+                group.inner = None
+        self.groups = []
+        self.run_key, self.run = None, 0
+
+    def failover(self, rank: int, spare: int, *, spare_index: int, timeout_s: float = 30.0) -> dict:
+        """After the launcher announced that ``rank`` failed and spare process ``spare`` takes it: wait
+        for the controller's failover push (it rewired the circuits), move ``rank``'s ports to the spare's in
+        every circuit this process computes, forget the lease and hold state of the old groups (the controller
+        reset their rounds), and, in the spare, say hello again as ``rank``. Returns the timeline marks."""
+        if self.client is None:
+            return {}
+        deadline = time.monotonic() + timeout_s
+        with self._pushed:
+            while True:
+                push = next((m for m in self.pushes[self.handled:] if m.get("op") in ("failover", "dead")), None)
+                if push is not None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InfeasibleError(f"the controller did not report rank {rank}'s failure within {timeout_s:g} s",
+                                          field="controller", fix="check the controller's log")
+                self._pushed.wait(left)
+            self.handled = self.pushes.index(push) + 1
+        if push["op"] == "dead" or push["rank"] != rank:
+            raise InfeasibleError(f"rank {push['rank']} failed and no spare is left" if push["op"] == "dead" else
+                                  f"the controller moved rank {push['rank']} to spare {push['spare']}, the launcher "
+                                  f"rank {rank}", field="--spares", fix="start the job with (more) --spares")
+        if push["spare"] != self.layout.world + spare_index:
+            raise InfeasibleError(f"the controller chose spare {push['spare']} for rank {rank}, the launcher "
+                                  f"{self.layout.world + spare_index}", field="--spares")
+        failed = {f"rail{int(self.layout.rail(rank))}": int(self.layout.server(rank))}
+        for device, port in failed.items():  # keyed by the layout's port: a second failover of it chains
+            self.moved[(device, port)] = int(push["ports"].get(device, port))
+        _forget_holds(self.client)
+        self.declared.clear()
+        marks = {"t_push": push["t"], "epoch": push["epoch"]}
+        if self.rank is None:  # the spare takes the rank over: hello again as it, on the same ports
+            start = time.time()
+            self.client.rank = rank
+            self.client.hello(self.layout.world, spare_ports(self.layout, spare_index))
+            self.rank = rank
+            marks["rewire_s"] = push.get("rewire_s", time.time() - start)
+        return marks
 
     @property
     def requests(self) -> int:
@@ -217,6 +326,10 @@ class Agent:
         if self.closed:
             raise InfeasibleError(f"an op on {key} after the backend's agent was closed", field="agent",
                                   fix="close the agent only after the last op (before destroy_process_group)")
+        failure = self.pending_failure()
+        if failure is not None:  # the job is rebuilding: this generation's groups are gone
+            raise ControllerError(f"rank {failure['rank']} failed", field="rank", kind=failure["op"].capitalize(),
+                                  fix="rebuild the process groups and resume from the checkpoint")
         if key not in self.declared:
             client.declare(key, members, circuits, phase=key.split(":")[0])
             self.declared.add(key)
@@ -230,6 +343,7 @@ class Agent:
         if leased and client.enter(key):
             self.under_lease += 1
             call().wait()
+            self._settle()
             client.leave(key)
             self._prepare(key, nxt)
             return
@@ -237,6 +351,7 @@ class Agent:
         reply = client.acquire(key, lease=leased)
         self.wait_s += time.perf_counter() - start
         call().wait()
+        self._settle()
         if "lease" in reply:
             client.leave(key)  # releases, if it was revoked meanwhile (or granted only up to ``until``)
             self._prepare(key, nxt)
@@ -251,6 +366,14 @@ class Agent:
         seen = self.after.get(point, nxt)
         self.after[point] = nxt if seen == nxt else None  # None: seen to differ, unpredictable
 
+    def _settle(self) -> None:
+        """NCCL: ``wait()`` only orders the caller's stream after the op; record an event after it and wait
+        for it, so the circuits are released only after the op's data has moved."""
+        if self.config.inner is Inner.NCCL and torch.cuda.is_available():
+            event = torch.cuda.Event()
+            event.record()
+            event.synchronize()
+
     def _revoked(self, key: str, inside: bool) -> None:
         self.revokes += 1
 
@@ -260,6 +383,31 @@ class Agent:
             self.client.bye()
             self.client.close()
         self.closed = True
+
+
+def _interrupt(client: ControllerClient | None, push: dict) -> None:
+    """Fail the acquires this rank is blocked in with the push's news: a request the controller received
+    after it reset the job's groups would otherwise wait for peers that are rebuilding."""
+    if client is None:
+        return
+    error = {"type": push["op"].capitalize(), "message": f"rank {push['rank']} failed", "field": "rank",
+             "fix": "rebuild the process groups and resume from the checkpoint"}
+    with client._cond:  # the client's own structures (issue 17's client has no public interrupt yet)
+        for wire, request in list(client._pending.items()):
+            if request.op in ("acquire", "prepare") and not request.detached and not request.internal:
+                del client._pending[wire]
+                client._replies[request.logical] = {"id": wire, "ok": False, "error": error}
+        client._cond.notify_all()
+
+
+def _forget_holds(client: ControllerClient) -> None:
+    """The controller reset the job's groups at the failover (no holders, no lease): the client's leases and
+    holds of them are void, and errors of requests sent before it are stale."""
+    with client._lock:
+        client.leases.clear()
+        client._inside.clear()
+        with client._cond:
+            client._failed.clear()
 
 
 def idle_stats() -> dict:
@@ -278,13 +426,14 @@ class LightrailProcessGroup(dist.ProcessGroup):
             self.inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
         self.members = [int(r) for r in opts.global_ranks_in_group] or list(range(opts.group_size))
         self.agent = agent
+        agent.groups.append(weakref.ref(self))
         if agent.connect(self.members[opts.group_rank]):  # the first group (the default one) says hello
             self.inner.barrier().wait()  # every rank's ports are claimed before any group is declared
         layout = agent.layout
         self.phase = phase_of(layout, self.members)
         ring = list(zip(self.members, self.members[1:] + self.members[:1], strict=True))
         self.key = f"{self.phase}:{','.join(map(str, self.members))}"
-        self.circuits = circuits_of(layout, ring if len(self.members) > 1 else [])
+        self.circuits = circuits_of(layout, ring if len(self.members) > 1 else [], agent.moved)
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return "lightrail"
@@ -305,7 +454,7 @@ class LightrailProcessGroup(dist.ProcessGroup):
             key, transfers = f"{phase}:{a}<->{b}", [(a, b), (b, a)]
         else:
             key, transfers = f"{phase}:{g_src}->{g_dst}", [(g_src, g_dst)]
-        return self._run(key, sorted({g_src, g_dst}), circuits_of(self.agent.layout, transfers), call)
+        return self._run(key, sorted({g_src, g_dst}), circuits_of(self.agent.layout, transfers, self.agent.moved), call)
 
     def allreduce(self, *args):
         return self._collective("allreduce", *args)

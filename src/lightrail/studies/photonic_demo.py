@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import re
+import secrets
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -27,19 +31,23 @@ from lightrail.control.plan import Mode
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime import torch_backend
 from lightrail.runtime.controller.server import require_service
-from lightrail.studies.train_demo import DemoConfig, run_demo
+from lightrail.studies.train_demo import DemoConfig, FailoverRun, Failure, run_demo, run_failover_demo
 from lightrail.workload.parallel import Layout
 
-__all__ = ["start_controller", "run_photonic_demo", "predicted_overhead", "calibrated_peak_tflops", "Prediction",
-           "PhotonicDemoResult", "Row"]
+__all__ = ["start_controller", "register_job", "ControllerKiller", "run_photonic_demo", "predicted_overhead",
+           "calibrated_peak_tflops", "Prediction", "PhotonicDemoResult", "Row"]
 
 
-def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, timeout: float = 30.0):
-    """Start ``lightrail controller serve`` on free ports; returns (process, ready info)."""
-    cmd = [sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0", "--admin-port", "0",
-           "--state", str(state), "--rails", str(rails), "--ports", str(ports), "--ocs-delay", f"{delay_s}s"]
-    log = open(state.with_suffix(".log"), "w")  # noqa: SIM115 (the process owns it until it exits)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, timeout: float = 30.0, port: int = 0,
+                     admin_port: int = 0, operator_token: str | None = None, restart: bool = False):
+    """Start ``lightrail controller serve``, on free ports unless given (a restart passes the first start's
+    ports, state file and ``operator_token``; its log is appended to); returns (process, ready info)."""
+    cmd = [sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", str(port), "--admin-port",
+           str(admin_port), "--state", str(state), "--rails", str(rails), "--ports", str(ports), "--ocs-delay",
+           f"{delay_s}s"]
+    env = None if operator_token is None else {**os.environ, "LIGHTRAIL_OPERATOR_TOKEN": operator_token}
+    log = open(state.with_suffix(".log"), "a" if restart else "w")  # noqa: SIM115 (the process owns it until it exits)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout)
@@ -59,6 +67,66 @@ def _metrics(admin_port: int) -> dict[str, float]:
         if m:
             out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return out
+
+
+def register_job(admin_port: int, operator_token: str, job: str, world: int, spares: int = 0) -> str:
+    """Register ``job`` with the controller's admin API (``POST /jobs``, as the operator); returns the job's
+    token, which its ranks send in their hello."""
+    (httpx,) = require_service("httpx")
+    reply = httpx.post(f"http://127.0.0.1:{admin_port}/jobs", json={"job": job, "world": world, "spares": spares},
+                       headers={"Authorization": f"Bearer {operator_token}"}, timeout=10)
+    if reply.status_code != 200:
+        raise InfeasibleError(f"the controller refused to register job {job!r} (HTTP {reply.status_code}: "
+                              f"{reply.text[:200]})", field="controller", fix="see the controller's log")
+    return reply.json()["token"]
+
+
+def _reached(value, rank: int, step: int) -> None:
+    """``train_worker``'s ``on_step`` in the train-demo: rank 0 publishes how many steps it completed."""
+    if rank == 0:
+        value.value = step + 1
+
+
+class ControllerKiller:
+    """Kills the controller (SIGKILL) once rank 0 completed ``at[i]`` steps (plus ``after_s[i]`` seconds), then
+    starts it again on the same state file, ports and operator token: the ranks reconnect and carry on.
+
+    A thread of the launcher (the parent); ``reached`` is a shared integer the ranks' ``on_step`` sets."""
+
+    def __init__(self, proc, info: dict, start, at: tuple[int, ...], after_s: tuple[float, ...], reached):
+        self.proc, self.info, self._start = proc, info, start
+        self.at, self.after_s, self.reached = at, after_s, reached
+        self.restarts = 0
+        self.restart_s: list[float] = []  # kill to the restarted controller's ready line
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-killer", daemon=True)
+
+    def __enter__(self) -> ControllerKiller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        try:
+            for step, after in zip(self.at, self.after_s, strict=True):
+                while self.reached.value < step:
+                    if self._stop.wait(0.002):
+                        return
+                if after > 0 and self._stop.wait(after):
+                    return
+                killed = time.perf_counter()
+                self.proc.kill()
+                self.proc.wait(30)
+                self.proc.stdout.close()
+                self.proc, self.info = self._start(port=self.info["port"], admin_port=self.info["admin_port"])
+                self.restart_s.append(time.perf_counter() - killed)
+                self.restarts += 1
+        except BaseException as e:  # noqa: BLE001 (raised by the launcher once training ends)
+            self.error = e
 
 
 def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str, leases: bool,
@@ -215,6 +283,15 @@ class PhotonicDemoResult:
     measurement: str
     predicted: Prediction
     controller_startup_s: float | None
+    controller_restarts: int = 0
+    """Times the controller was killed (SIGKILL) and started again mid-training (``--kill-controller-at-step``);
+    its in-memory counters (grants, revocations, latencies) restart from zero each time."""
+    spares: int = 0
+    """Idle spare processes the job started with (``--spares``)."""
+    recovery: dict | None = None
+    """With ``--kill-rank``: ``detect_s``, ``rewire_s``, ``rebuild_s``, ``restore_s``, ``first_step_s`` (from the
+    kill), ``steps_lost``, ``checkpoint_step``, ``losses_match_uninterrupted`` (the losses after the checkpoint
+    are the plain run's, bit for bit), ``rank``, ``spare``, ``detected_by``; None without a kill."""
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -241,33 +318,73 @@ _BLOCK = 5
 
 def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | str = Mode.PROVISIONED,
                       gpus_per_server: int | None = None, workdir: Path | None = None, leases: bool = True,
-                      progress=lambda what: None) -> PhotonicDemoResult:
+                      progress=lambda what: None, kill_controller_at_step: int | Sequence[int] = (),
+                      kill_controller_after_s: float | Sequence[float] = 0.0, spares: int = 0,
+                      kill_rank: int | None = None, kill_at_step: int | None = None) -> PhotonicDemoResult:
     """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare with
     ``simulate`` for the same job, its compute calibrated on the gloo run. ``leases`` lets
-    single-configuration phases hold their circuits across ops."""
+    single-configuration phases hold their circuits across ops.
+
+    ``kill_controller_at_step`` (one step or several, ascending): once rank 0 has completed that many steps
+    of the lightrail replica (and ``kill_controller_after_s`` more seconds, one value or one per kill), the
+    controller is killed (SIGKILL) and started again on the same state file and ports; the ranks reconnect
+    and training goes on (``controller_restarts`` counts the restarts; the losses must still be gloo's).
+
+    ``spares`` idle spare processes join the job (LUMION's spare accelerators, one port per rail each);
+    ``kill_rank`` is killed (SIGKILL) at the start of step ``kill_at_step``: the controller moves its circuits
+    to a spare, the ranks rebuild their groups and resume from the checkpoint a DP peer holds in memory, and
+    ``recovery`` reports the timeline (see ``train_demo.Recovery``), the losses compared with a plain gloo run
+    of the same job (the gloo replica does not alternate with this one: a failure would stop both)."""
     g = gpus_per_server or config.tp
     if g < 1 or config.world % g:
         raise ScenarioError(f"{config.world} ranks do not fill servers of {g}", field="--gpus-per-server",
                             fix=f"use a divisor of {config.world}")
     mode = Mode.parse(mode, field="--mode")
+    kills, after_s = _kills(config, kill_controller_at_step, kill_controller_after_s)
+    failure = _failure(config, spares, kill_rank, kill_at_step, kills)
+    if kills and spares:  # the failover run does not report its steps to the killer
+        raise ScenarioError("--kill-controller-at-step and --spares cannot be combined", field="--spares",
+                            fix="run them separately")
     require_service("fastapi", "uvicorn", "httpx")  # the controller's admin API, read here: fail before training
     layout = Layout.from_degrees(config.world, tp=config.tp, pp=config.pp, dp=config.dp, gpus_per_server=g)
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(workdir or tmp) / "controller.db"
-        proc, info = start_controller(state, rails=g, ports=layout.servers, delay_s=ocs_delay_s)
+        operator = secrets.token_urlsafe(32)  # the admin API's; the same after a restart
+        start = functools.partial(start_controller, state, rails=g, ports=layout.servers + spares, delay_s=ocs_delay_s,
+                                  operator_token=operator)
+        proc, info = start()
+        killer = None
         try:
+            token = register_job(info["admin_port"], operator, "train-demo", config.world, spares)
             # both in the same processes, in alternating blocks of steps, so they are timed under the
             # same load (separate runs of this 8-process job on 2 cores differ by up to 30%)
-            progress("training on gloo and on emulated photonic rails, alternating")
+            progress("training on gloo and on emulated photonic rails, alternating" if failure is None and not spares
+                     else "training on emulated photonic rails with spares, then on plain gloo")
             backend = torch_backend.BackendConfig(controller=f"127.0.0.1:{info['port']}", job="train-demo",
-                                                  layout=layout, mode=mode, leases=leases)
+                                                  layout=layout, mode=mode, leases=leases, token=token)
             init = functools.partial(torch_backend.setup, backend)  # each worker's agent, from its argument
-            photonic = run_demo(config, backend="lightrail", init=init, baseline="gloo", block=_BLOCK)
-            plain = photonic.baseline
+            reached = multiprocessing.get_context("spawn").Value("i", 0)
+            killer = ControllerKiller(proc, info, functools.partial(start, restart=True), kills, after_s, reached)
+            with killer:
+                if spares or failure is not None:  # ranks and idle spares; a rank killed; no replica alternating
+                    photonic = run_failover_demo(config, spares=spares, failure=failure, backend="lightrail",
+                                                 init=init)
+                else:
+                    photonic = run_demo(config, backend="lightrail", init=init, baseline="gloo", block=_BLOCK,
+                                        on_step=functools.partial(_reached, reached) if kills else None)
+            if killer.error is not None:
+                raise killer.error
+            proc, info = killer.proc, killer.info
+            plain = run_demo(config).main if isinstance(photonic, FailoverRun) else photonic.baseline
             metrics = _metrics(info["admin_port"])
         finally:
+            proc = killer.proc if killer is not None else proc
             os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # frozen (SIGSTOP) or hung: it must not hide the job's own error
+                proc.kill()
+                proc.wait(30)
     progress("simulating the same job")
     stats = [r.get("controller", {}) for r in photonic.ranks]
     round_trips = sorted(s for st in stats for s in st.get("request_s", []))
@@ -307,7 +424,63 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | st
         losses=plain.losses, lightrail_losses=main.losses,
         gloo_iteration_series_s=plain.iteration_s, lightrail_iteration_series_s=main.iteration_s,
         measurement=f"gloo and lightrail replicas in the same processes, alternating blocks of {_BLOCK} steps; "
-                    "medians leave out the first step of each block",
+                    "medians leave out the first step of each block" if not isinstance(photonic, FailoverRun) else
+                    "lightrail (ranks and spares) and plain gloo in separate runs; medians leave out the first step",
         predicted=predicted,
         controller_startup_s=info.get("startup_s"),
+        controller_restarts=killer.restarts,
+        spares=spares,
+        recovery=_recovery(photonic, plain),
     )
+
+
+def _failure(config: DemoConfig, spares: int, rank: int | None, step: int | None, kills) -> Failure | None:
+    """``--kill-rank`` and ``--kill-at-step`` (both or neither), checked with ``--spares`` before any work."""
+    if isinstance(spares, bool) or not isinstance(spares, int) or not 0 <= spares <= 64:
+        raise ScenarioError(f"--spares {spares!r} must be an integer in 0..64", field="--spares")
+    if (rank is None) != (step is None):
+        given, missing = ("--kill-rank", "--kill-at-step") if step is None else ("--kill-at-step", "--kill-rank")
+        raise ScenarioError(f"{given} needs {missing}", field=missing, fix="give both, e.g. --kill-rank 3 "
+                                                                           "--kill-at-step 10")
+    if rank is None:
+        return None
+    if kills:
+        raise ScenarioError("--kill-rank and --kill-controller-at-step cannot be combined", field="--kill-rank",
+                            fix="run them separately")
+    if (spares or rank is not None) and config.dp < 2:
+        raise ScenarioError("a spare restores the failed rank's state from a DP replica, and --dp is 1",
+                            field="--dp", fix="use --dp 2 or more with --spares and --kill-rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < config.world:
+        raise ScenarioError(f"--kill-rank {rank!r} is not a rank of {config.world}", field="--kill-rank",
+                            fix=f"use 0..{config.world - 1}")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < config.steps:
+        raise ScenarioError(f"--kill-at-step {step!r} is not a step of {config.steps}", field="--kill-at-step",
+                            fix=f"use 0..{config.steps - 1}")
+    return Failure(rank, step)
+
+
+def _recovery(run, plain) -> dict | None:
+    """The first failover's timeline, with the loss curve after its checkpoint compared, bit for bit, with the
+    uninterrupted plain run's."""
+    if not isinstance(run, FailoverRun) or not run.recoveries:
+        return None
+    first = run.recoveries[0].to_dict()
+    after = first["checkpoint_step"] + 1
+    match = run.main.loss_bits[after:] == plain.loss_bits[after:] and len(run.main.loss_bits) == len(plain.loss_bits)
+    return {**first, "losses_match_uninterrupted": bool(match)}
+
+
+def _kills(config: DemoConfig, at: int | Sequence[int], after_s: float | Sequence[float]):
+    """``kill_controller_at_step`` and ``kill_controller_after_s`` as equal-length tuples, checked."""
+    at = (at,) if isinstance(at, int) else tuple(at)
+    for s in at:
+        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s < config.steps:
+            raise ScenarioError(f"cannot kill the controller at step {s!r} of {config.steps}",
+                                field="--kill-controller-at-step", fix=f"a step in 1..{config.steps - 1}")
+    if list(at) != sorted(at):
+        raise ScenarioError(f"kill steps {list(at)} are not in order", field="--kill-controller-at-step")
+    after_s = (after_s,) * len(at) if isinstance(after_s, int | float) else tuple(after_s)
+    if len(after_s) != len(at) or not all(isinstance(a, int | float) and 0 <= a < 60 for a in after_s):
+        raise ScenarioError(f"kill_controller_after_s {after_s!r}: one delay (0..60 s) per kill",
+                            field="kill_controller_after_s")
+    return at, tuple(float(a) for a in after_s)

@@ -25,10 +25,14 @@ numerics gives bit-identical losses.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
+import os
+import signal
 import statistics
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -38,12 +42,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from lightrail.errors import ScenarioError
-from lightrail.runtime.launch import run_processes
+from lightrail.errors import InfeasibleError, LightrailError, ScenarioError
+from lightrail.runtime.launch import Elastic, Notice, run_elastic, run_processes
 from lightrail.runtime.torch_backend import Agent, idle_stats
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["DemoConfig", "ReplicaRun", "DemoRun", "train_worker", "run_demo"]
+__all__ = ["DemoConfig", "ReplicaRun", "DemoRun", "train_worker", "run_demo", "Failure", "Recovery", "FailoverRun",
+           "elastic_train_worker", "run_failover_demo"]
 
 _GROUP_DIMS = (Dim.TP, Dim.DP, Dim.PP)
 """Order in which every rank creates the groups (all of one dimension before the next)."""
@@ -276,8 +281,8 @@ def _bits(value: float) -> int:
     return int(torch.tensor([value], dtype=torch.float32).view(torch.int32).item())
 
 
-def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None = None, block: int = 5, *,
-                 context: Agent | None = None) -> dict:
+def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None = None, block: int = 5,
+                 on_step: Callable[[int, int], None] | None = None, *, context: Agent | None = None) -> dict:
     """Train ``config.steps`` steps as ``rank`` of ``world`` (default group already initialised).
 
     Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "controller"}``;
@@ -291,6 +296,9 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None
     ``context`` is the lightrail backend's agent of this process when the groups run on it (what
     ``torch_backend.setup`` returned in the launcher's ``init``): its controller requests are counted
     per step, reported under ``"controller"``, and it leaves the controller when training ends.
+
+    ``on_step(rank, step)`` (picklable) runs after each step of the main replica, e.g. to tell the launcher
+    how far training got (the train-demo kills its controller at a step).
     """
     if world != config.world:
         raise ScenarioError(f"{world} ranks run a layout of tp({config.tp}) * pp({config.pp}) * dp({config.dp}) "
@@ -303,6 +311,8 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None
         if baseline is None:
             for step in range(config.steps):
                 main.step(step)
+                if on_step is not None:
+                    on_step(rank, step)
             return main.result(rank)
         other = _Replica(config, rank, _make_groups(layout, rank, baseline), context)
         for first in range(0, config.steps, block):
@@ -310,6 +320,8 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None
             for replica in ((other, main) if first // block % 2 == 0 else (main, other)):
                 for step in steps:
                     replica.step(step)
+                    if on_step is not None and replica is main:
+                        on_step(rank, step)
         return {**main.result(rank), "baseline": other.result(rank)}
     finally:
         if context is not None:
@@ -325,10 +337,12 @@ class _Replica:
         coords = {d: int(c) for d, c in config.layout().coords(rank).items()}
         self.config, self.groups = config, groups
         self.stage, self.tp_rank, self.dp_rank = coords[Dim.PP], coords[Dim.TP], coords[Dim.DP]
+        self.rank = rank
         self.model = _Stage(config, self.stage, self.tp_rank, groups[Dim.TP])
         self.params = list(self.model.parameters())
         self.optimizer = _Adam(self.params, config.lr)
         self.losses, self.times, self.requests = [], [], []
+        self.snapshots: deque = deque(maxlen=3)  # (step, tensors, adam t); only kept with spares
 
     def step(self, step: int) -> None:
         start, sent = time.perf_counter(), self._requests()
@@ -344,6 +358,66 @@ class _Replica:
 
     def _requests(self) -> int:
         return 0 if self.agent is None else self.agent.requests
+
+    # -- failover: in-memory checkpoints, new groups, restore ---------------------------------------------
+    def snapshot(self, step: int) -> None:
+        """Keep this rank's state after ``step`` (the last few): a DP replica holds the same, so it is
+        the failed rank's checkpoint too, in memory on a peer."""
+        opt = self.optimizer
+        self.snapshots.append((step, [x.detach().clone() for x in (*self.params, *opt.m, *opt.v)], opt.t))
+
+    def last_step(self) -> int:
+        return self.snapshots[-1][0]
+
+    def rollback(self, step: int) -> None:
+        """Back to the state after ``step`` (-1: the initial one); later steps' records are dropped."""
+        saved = next((s for s in self.snapshots if s[0] == step), None)
+        if saved is None:
+            raise InfeasibleError(f"no checkpoint of step {step} on rank {self.rank} (holds "
+                                  f"{[s[0] for s in self.snapshots]})", field="checkpoint")
+        with torch.no_grad():
+            for x, y in zip((*self.params, *self.optimizer.m, *self.optimizer.v), saved[1], strict=True):
+                x.copy_(y)
+        self.optimizer.t = saved[2]
+        self._truncate(step)
+        while self.snapshots[-1][0] > step:
+            self.snapshots.pop()
+
+    def _truncate(self, step: int) -> None:
+        self.losses = self.losses[: step + 1] if self.stage == self.config.pp - 1 else []
+        self.times, self.requests = self.times[: step + 1], self.requests[: step + 1]
+
+    def regroup(self, groups: dict) -> None:
+        """Use a new generation's groups (the model's TP layers hold theirs)."""
+        self.groups = groups
+        for block in self.model.blocks:
+            block.group = groups[Dim.TP]
+
+    def state_vector(self, step: int) -> torch.Tensor:
+        """Parameters, Adam moments and step count and, on the last stage, the losses up to ``step``: what
+        a spare taking this rank's place over needs, in one flat tensor."""
+        opt = self.optimizer
+        pieces = [x.detach().reshape(-1) for x in (*self.params, *opt.m, *opt.v)]
+        pieces.append(torch.tensor([float(opt.t), *self.losses[: step + 1]], dtype=torch.float32))
+        return torch.cat(pieces)
+
+    def load_state_vector(self, flat: torch.Tensor, step: int) -> None:
+        opt, offset = self.optimizer, 0
+        with torch.no_grad():
+            for x in (*self.params, *opt.m, *opt.v):
+                x.copy_(flat[offset: offset + x.numel()].view_as(x))
+                offset += x.numel()
+        opt.t = int(flat[offset])
+        last = self.stage == self.config.pp - 1
+        self.losses = [float(v) for v in flat[offset + 1:]] if last else []
+        # steps this process did not run: no time, no requests of its own
+        self.times, self.requests = [0.0] * (step + 1), [0] * (step + 1)
+        self.snapshots.clear()
+        self.snapshot(step)
+
+    def vector_size(self, step: int) -> int:
+        n = 3 * sum(p.numel() for p in self.params) + 1
+        return n + (step + 1 if self.stage == self.config.pp - 1 else 0)
 
     def result(self, rank: int) -> dict:
         controller = idle_stats() if self.agent is None else self.agent.stats()  # none on plain gloo
@@ -450,7 +524,8 @@ class DemoRun:
 
 
 def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], Any] | None = None,
-             pg_options: Any = None, baseline: str | None = None, block: int = 5) -> DemoRun:
+             pg_options: Any = None, baseline: str | None = None, block: int = 5,
+             on_step: Callable[[int, int], None] | None = None) -> DemoRun:
     """Train ``config`` on ``config.world`` spawned CPU processes over ``backend``; aggregate the results.
 
     ``init`` (picklable, no arguments) runs in every worker before the default group exists, e.g.
@@ -464,7 +539,7 @@ def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], An
     every block (the first one after a switch of backend finds the fabric as the other replica's
     block left it).
     """
-    results = run_processes(train_worker, config.world, config, baseline, block, backend=backend, init=init,
+    results = run_processes(train_worker, config.world, config, baseline, block, on_step, backend=backend, init=init,
                             pg_options=pg_options)
     skip = set(range(0, config.steps, block)) if baseline else {0}
     return DemoRun(config, config.world, _aggregate(config, backend, results, skip), tuple(results),
@@ -479,3 +554,256 @@ def _aggregate(config: DemoConfig, backend: str, results: list[dict], skip: set[
     return ReplicaRun(backend, tuple(first["losses"]), tuple(first["loss_bits"]),
                       all(r["loss_bits"] == first["loss_bits"] for r in reporters), tuple(per_step),
                       statistics.median(kept))
+
+
+# -- spares: a rank killed mid-training, a spare spliced in (LUMION), training resumed from a peer's copy --
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Which rank's process is killed (SIGKILL, by itself) at the start of which step, in the first generation;
+    ``hang`` stops it instead (SIGSTOP): the controller fails it when its heartbeats stop, and the launcher
+    kills it then."""
+
+    rank: int
+    step: int
+    hang: bool = False
+
+
+def _recovery_error(error: BaseException) -> bool:
+    """Errors a rank sees when a peer died: gloo's closed connection or timeout (RuntimeError,
+    ``dist.DistError``) or the controller's Failover / RankFailed answer (a LightrailError)."""
+    return isinstance(error, RuntimeError | LightrailError | dist.DistError)
+
+
+def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Failure | None, backend: str = "gloo",
+                         *, context: Agent | None = None, elastic: Elastic) -> dict:
+    """Train as process ``proc`` of :func:`run_elastic` (rank ``proc``, or an idle spare for ``proc >= world``).
+
+    Each rank keeps its state after its last few steps in memory; a DP replica holds the same, so a
+    failed rank's checkpoint lives on its peer. When a peer dies, every op that waits on it fails
+    (gloo: connection closed; the controller wakes blocked acquires), the rank drops its groups —
+    closing its connections, so ranks blocked on it fail in turn — and waits for the launcher's
+    notice: the next generation's groups are built on a fresh store prefix, the ranks agree on the
+    last step every survivor completed, roll back to it, the spare receives the failed rank's state
+    from its DP peer (a broadcast over the DP group), and training continues from there.
+    """
+    if config.dp < 2:
+        raise ScenarioError("a spare restores the failed rank's state from a DP replica, and dp is 1", field="--dp",
+                            fix="use --dp 2 or more with --spares")
+    torch.set_num_threads(1)
+    layout, agent, generation = config.layout(), context, 0
+    records: list[dict] = []
+    notice: Notice | None = None
+    if elastic.spare:
+        if agent is not None:
+            agent.connect_spare(proc - world)
+        _warm_up(config)
+        while True:  # idle until a notice names this spare (or the job ends: rank -1)
+            notice = elastic.notice(generation + 1, timeout_s=86400.0)  # the launcher ends it (rank -1)
+            generation = notice.generation
+            if notice.spare == proc or notice.spare is None:
+                break
+        if notice.spare != proc:
+            if agent is not None:
+                agent.close()
+            return {"spare": proc, "used": False}
+        rank = notice.rank
+    else:
+        rank = proc
+    replica: _Replica | None = None
+    pending: dict = {}
+    try:
+        while True:
+            record = None
+            if notice is not None:  # this generation starts after a failure
+                record = {"generation": generation, "rank": rank, "spare": elastic.spare and replica is None,
+                          "t_notice": time.time(), "t_detected": notice.t_detected, **pending}
+                if agent is not None:
+                    record.update(agent.failover(notice.rank, notice.spare, spare_index=notice.spare - world))
+            elastic.init_group(backend, rank, generation)
+            if replica is None:
+                replica = _Replica(config, rank, _make_groups(layout, rank), agent)
+                replica.snapshot(-1)
+            else:
+                replica.regroup(_make_groups(layout, rank))  # the replica holds the only references to them
+            start = 0
+            if record is not None:
+                record["t_rebuilt"] = time.time()
+                start = _restore(elastic, replica, generation, notice, record) + 1
+                record["t_restored"] = time.time()
+                records.append(record)
+            failed = False
+            try:
+                for step in range(start, config.steps):
+                    if failure is not None and generation == 0 and rank == failure.rank and step == failure.step:
+                        elastic.mark("killed")
+                        os.kill(os.getpid(), signal.SIGSTOP if failure.hang else signal.SIGKILL)
+                    replica.step(step)
+                    replica.snapshot(step)
+                    if record is not None and "t_first_step" not in record:
+                        record["t_first_step"] = time.time()
+            except Exception as e:  # noqa: BLE001 (sorted below; the traceback is not kept: it holds the groups)
+                if not _recovery_error(e):
+                    raise
+                failed, reason = True, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if not failed:
+                return {**replica.result(rank), "recovery": records, "proc": proc}
+            t_error = time.time()
+            push = agent.pending_failure() if agent is not None else None
+            if push is not None and push.get("op") == "failover":
+                elastic.report_failed(push["rank"], generation)  # a hung rank's process still lives
+            _drop_groups(replica, agent)
+            notice = elastic.notice(generation + 1, timeout_s=elastic.timeout_s)
+            if notice.spare is None:
+                raise InfeasibleError(f"rank {notice.rank} failed and no spare is left", field="--spares",
+                                      fix="start the job with (more) --spares")
+            generation = notice.generation
+            pending = {"t_error": t_error, "error": reason}
+    finally:
+        if agent is not None:
+            agent.close()
+
+
+def _warm_up(config: DemoConfig) -> None:
+    """A spare's hot standby: one step of a one-rank copy of the model (same widths), so its first step after
+    taking a rank over does not pay torch's first-call costs (3.4 s of a 3.8 s step, 8 ranks on 2 loaded cores)."""
+    one = dataclasses.replace(config, tp=1, pp=1, dp=1, layers=1, microbatches=1, steps=1, ranks=None)
+    _Replica(one, 0, {Dim.TP: None, Dim.DP: None, Dim.PP: None}, None).step(0)
+
+
+def _drop_groups(replica: _Replica, agent: Agent | None) -> None:
+    """Let go of every group of the failed generation: their gloo connections close, so a peer blocked
+    on this rank fails now instead of at its timeout (the cascade that wakes the whole job)."""
+    replica.groups = {}
+    for block in replica.model.blocks:
+        block.group = None
+    if agent is not None:
+        agent.abort()
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 (a group whose peer died may fail to shut down; it is gone either way)
+        pass
+    # no gc.collect(): reference counting frees the groups (the failed step's autograd graph went with its
+    # traceback), and a full collection costs each of 8 ranks on 2 cores ~2 s, more than the whole recovery
+
+
+def _restore(elastic: Elastic, replica: _Replica, generation: int, notice: Notice, record: dict) -> int:
+    """Agree on the checkpoint (the last step every survivor completed), roll back to it, and send the
+    failed rank's state from its DP peer to the spare. Returns the checkpoint's step."""
+    store, world, config = elastic.store, elastic.world, replica.config
+    taking_over = record["spare"]
+    if not taking_over:
+        store.set(f"g{generation}/last/{replica.rank}", str(replica.last_step()))
+    survivors = [r for r in range(world) if r != notice.rank]
+    lasts = [int(store.get(f"g{generation}/last/{r}")) for r in survivors]
+    step = min(lasts)
+    record.update(checkpoint_step=step, steps_lost=max(lasts) - step)
+    if not taking_over:
+        replica.rollback(step)
+    layout = config.layout()
+    dp_ranks = next(g for g in layout.groups(Dim.DP).tolist() if replica.rank in g)
+    if notice.rank in dp_ranks:  # the failed rank's DP group: its lowest survivor sends the checkpoint
+        source = next(r for r in dp_ranks if r != notice.rank)
+        flat = replica.state_vector(step) if not taking_over else torch.empty(replica.vector_size(step))
+        dist.broadcast(flat, group=replica.groups[Dim.DP], group_src=dp_ranks.index(source))
+        if taking_over:
+            replica.load_state_vector(flat, step)
+    return step
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One failover's timeline, in seconds: from the kill to its detection (the controller's ``failover``
+    push, or the launcher seeing the process end without one), the OCS rewiring the spare in, every rank's
+    new process groups, the checkpoint restored, and the first step completed after it (from the kill)."""
+
+    rank: int
+    """The logical rank whose process died."""
+    spare: int
+    """The spare (process index) that took it over."""
+    checkpoint_step: int
+    """Training resumed after this step (the last every survivor completed; -1: from the start)."""
+    steps_lost: int
+    """Steps some rank had completed beyond the checkpoint (redone)."""
+    detected_by: str
+    detect_s: float
+    rewire_s: float
+    rebuild_s: float
+    restore_s: float
+    first_step_s: float
+    woken_by: dict[str, int]
+    """How the survivors learned of it: ``connection`` (a gloo op failed: the dead peer's or a dropped group's
+    connection closed), ``controller`` (an acquire failed, or the push arrived between ops), ``timeout``
+    (gloo's backstop: the cascade missed a rank), ``other``."""
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["woken_by"] = dict(self.woken_by)
+        return out
+
+
+def _woken_by(reason: str) -> str:
+    if "Timed out" in reason or "timeout" in reason.lower():
+        return "timeout"
+    if reason.startswith("ControllerError"):
+        return "controller"
+    if "Connection" in reason or "Read error" in reason or "reset" in reason:
+        return "connection"
+    return "other"
+
+
+@dataclass(frozen=True)
+class FailoverRun:
+    """What :func:`run_failover_demo` returns: the run (losses over every step, across the failure), every
+    logical rank's result, and one :class:`Recovery` per failure."""
+
+    config: DemoConfig
+    main: ReplicaRun
+    ranks: tuple[dict, ...]
+    recoveries: tuple[Recovery, ...]
+    spares: int
+
+    def to_dict(self) -> dict:
+        return {"config": asdict(self.config), "spares": self.spares, **self.main.to_dict(),
+                "recoveries": [r.to_dict() for r in self.recoveries]}
+
+
+def run_failover_demo(config: DemoConfig, *, spares: int, failure: Failure | None, backend: str = "gloo",
+                      init: Callable[[], Any] | None = None, timeout_s: float = 30.0) -> FailoverRun:
+    """Train ``config`` on ``config.world`` ranks plus ``spares`` idle spare processes (``run_elastic``);
+    ``failure`` kills one rank's process at the start of a step. ``timeout_s`` bounds every gloo op (a
+    backstop: a rank blocked on a dead peer fails as soon as a peer drops its connections)."""
+    if failure is not None:
+        if not 0 <= failure.rank < config.world:
+            raise ScenarioError(f"--kill-rank {failure.rank} is not a rank of {config.world}", field="--kill-rank",
+                                fix=f"use 0..{config.world - 1}")
+        if not 0 <= failure.step < config.steps:
+            raise ScenarioError(f"--kill-at-step {failure.step} is not a step of {config.steps}",
+                                field="--kill-at-step", fix=f"use 0..{config.steps - 1}")
+    if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+        raise ScenarioError(f"--spares {spares!r} must be a non-negative integer", field="--spares")
+    if config.dp < 2:
+        raise ScenarioError("a spare restores the failed rank's state from a DP replica, and dp is 1", field="--dp",
+                            fix="use --dp 2 or more with --spares")
+    results, notices, marks = run_elastic(elastic_train_worker, config.world, spares, config, failure, backend,
+                                          init=init, timeout_s=timeout_s)
+    recoveries = []
+    for notice in notices:
+        if notice.spare is None or notice.rank < 0:
+            continue
+        records = [rec for r in results for rec in r["recovery"] if rec["generation"] == notice.generation]
+        t_fail = marks.get("killed", min(rec.get("t_error", notice.t_detected) for rec in records))
+        pushes = [rec["t_push"] for rec in records if rec.get("t_push") is not None]
+        t_detect = min(pushes) if pushes else notice.t_detected
+        rewire = [rec["rewire_s"] for rec in records if rec.get("rewire_s") is not None]
+        rebuilt = max(rec["t_rebuilt"] for rec in records)
+        recoveries.append(Recovery(
+            rank=notice.rank, spare=notice.spare, checkpoint_step=records[0]["checkpoint_step"],
+            steps_lost=max(rec["steps_lost"] for rec in records),
+            detected_by="controller" if pushes else "launcher", detect_s=t_detect - t_fail,
+            rewire_s=max(rewire) if rewire else 0.0, rebuild_s=rebuilt - t_detect,
+            restore_s=max(rec["t_restored"] for rec in records) - rebuilt,
+            first_step_s=max(rec.get("t_first_step", math.nan) for rec in records) - t_fail,
+            woken_by=dict(Counter(_woken_by(rec["error"]) for rec in records if "error" in rec))))
+    return FailoverRun(config, _aggregate(config, backend, results, {0}), tuple(results), tuple(recoveries), spares)
