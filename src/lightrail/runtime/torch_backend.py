@@ -498,8 +498,9 @@ class LightrailProcessGroup(dist.ProcessGroup):
     def scatter(self, *args):
         return self._collective("scatter", *args)
 
-    def barrier(self, *args):
-        return self.inner.barrier(*args)  # control only: no circuits
+    def barrier(self, *args, **kwargs):
+        # control only: no circuits; torch passes its BarrierOptions by keyword (``opts=``) from dist.barrier()
+        return self.inner.barrier(*args, **kwargs)
 
     def send(self, tensors, dst, tag=0):
         return self._p2p(self.rank(), dst, lambda: self.inner.send(tensors, dst, tag))
