@@ -6,6 +6,8 @@ Every ``LightrailError`` becomes one line on stderr and exit code 2, with no tra
 from __future__ import annotations
 
 import functools
+import math
+import re
 import sys
 from typing import Annotated
 
@@ -14,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lightrail import __version__
-from lightrail.errors import LightrailError
+from lightrail.errors import LightrailError, ScenarioError
 
 app = typer.Typer(name="lightrail", no_args_is_help=True, add_completion=False,
                   help="Toolkit and control plane for reconfigurable photonic networks in ML clusters.")
@@ -53,12 +55,37 @@ def _flag(field: str | None) -> str | None:
     return field
 
 
+def _check_finite(kwargs: dict) -> None:
+    """Refuse a NaN in any float option, and an infinity unless the option's help says what ``inf`` means
+    (``--mtbf-hours``: no failures); Typer reads both from ``nan`` and ``inf`` without complaint. A ``--seed``
+    must be one numpy takes."""
+    ctx = current_context()
+    params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
+    for name, value in kwargs.items():
+        if not isinstance(value, float) or math.isfinite(value):
+            continue
+        help_text = getattr(params.get(name), "help", None) or ""
+        if math.isinf(value) and re.search(r"\binf\b", help_text):
+            continue
+        raise ScenarioError(f"{value} is not a finite number", field=_flag(name), fix="give a finite number")
+    seed = kwargs.get("seed")
+    if isinstance(seed, int) and not 0 <= seed < 2**63:  # numpy's generators take non-negative 64-bit seeds
+        raise ScenarioError(f"seed {seed}", field=_flag("seed"), fix="use a seed in 0..2^63-1, e.g. 0")
+
+
 def friendly(fn):
-    """Turn a LightrailError into ``error: <field>: <message>; <fix>`` and exit code 2."""
+    """Turn a LightrailError into ``error: <field>: <message>; <fix>`` and exit code 2. Before the command
+    runs, float options are checked finite (:func:`_check_finite`) and a ``--out`` folder given on the command
+    line is proven writable, so no verb discovers it after its work."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            _check_finite(kwargs)
+            if kwargs.get("out_dir") is not None and given_on_command_line("out_dir"):
+                from lightrail.report.files import check_writable  # a --out given must take files: say so first
+
+                check_writable(kwargs["out_dir"], field=_flag("out_dir"))
             return fn(*args, **kwargs)
         except LightrailError as e:
             e.field = _flag(e.field)

@@ -19,6 +19,7 @@ from lightrail.cli.options import (
     Ranks,
     Shape,
     TopologyOpt,
+    check_collective_size,
     check_ranks,
     parse_kind,
     parse_shape,
@@ -59,6 +60,7 @@ def nccl_tests_cmd(
     from lightrail.validation import read_bounded
 
     check_ranks(ranks)
+    check_collective_size(parse_kind(op), algo, ranks)  # bounded before the fit builds the schedule
     text = read_bounded(file, field="FILE", what="the saved output of all_reduce_perf (a regular file)")
     rows, listed = parse_nccl_tests(text, source=file.name)
     if listed is not None and listed != ranks:

@@ -10,11 +10,13 @@ import typer
 from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
+    EXPLICIT_BYTES_PER_RANK2,
     LATENCY_DEFAULT,
     NIC_DEFAULT,
     NVLINK_DEFAULT,
     Alpha,
     Bandwidth,
+    FigureFormat,
     GpusPerServer,
     HostsPerLeaf,
     JsonOut,
@@ -31,13 +33,19 @@ from lightrail.cli.options import (
     TopologyOpt,
     build_fabric,
     build_reconfigurable_fabric,
+    check_collective_size,
+    check_fits,
+    check_out,
     check_ranks,
+    figure_suffix,
+    memory_budget,
     old_spelling,
     parse_kind,
     parse_sizes,
     print_json,
     progress_steps,
     renamed,
+    writes_files,
 )
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF
 from lightrail.errors import ScenarioError
@@ -87,6 +95,11 @@ def collective_cmd(
         raise ScenarioError(f"root {root} is not a rank of {ranks}", field="--root", fix=f"use 0..{ranks - 1}")
     if pipeline < 1:
         raise ScenarioError("must be at least 1", field="--pipeline")
+    check_collective_size(algorithm.kind, algo, ranks, pipeline=pipeline)
+    if reconfigurable:  # the exact plan holds the explicit schedule, compressed form or not
+        check_fits(EXPLICIT_BYTES_PER_RANK2 * ranks**2, field="--ranks", value=f"a plan on {ranks} ranks",
+                   fix=f"use at most {int((memory_budget() / EXPLICIT_BYTES_PER_RANK2) ** 0.5):,} ranks with "
+                       "--reconfigurable")
     params = {"gpus_per_server": gpus_per_server, "root": root, "pipeline": pipeline}
     if reconfigurable:
         fabric = build_reconfigurable_fabric(ranks, ports=ports, base=base, bandwidth=bandwidth, latency=latency,
@@ -112,10 +125,11 @@ def algorithms_cmd(
     as_json: JsonOut = False,
 ):
     """List the collective algorithms lightrail can generate and verify."""
-    from lightrail.collectives import algorithms
+    from lightrail.catalog import listing  # the registry's entries, read without importing numpy
+    from lightrail.catalog import parse_kind as kind_of
     from lightrail.report.collective import algorithm_rows, print_algorithms
 
-    listed = algorithms(parse_kind(op)) if op else algorithms()
+    listed = listing(kind_of(op, field="--op")) if op else listing()
     if as_json:
         print_json({"algorithms": algorithm_rows(listed)})
     else:
@@ -140,6 +154,7 @@ def collective_sweep_cmd(
     algo: Annotated[list[str] | None, typer.Option("--algo", "-a", help="Only these algorithms (repeatable).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the sweep's JSON, CSV and PNG plot.")]
     = Path("out/sweep"),
+    fmt: FigureFormat = "png",
     as_json: JsonOut = False,
 ):
     """Compare every algorithm of an op over message sizes: table, JSON, CSV and a PNG plot."""
@@ -147,9 +162,14 @@ def collective_sweep_cmd(
     from lightrail.report.collective import print_collective_sweep, write_collective_sweep
     from lightrail.studies.collective import collective_sweep
 
+    check_out(out_dir if writes_files(as_json) else None)
+    fmt = figure_suffix(fmt)
     listed = [get(op, a) for a in algo] if algo else algorithms(parse_kind(op))
     kind = listed[0].kind if listed else parse_kind(op)
     size_list = parse_sizes(sizes)
+    check_ranks(ranks)
+    for a in listed:
+        check_collective_size(a.kind, a.name, ranks)
     fabric = build_fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
                           hosts_per_leaf, oversubscription)
     with progress_steps(len(listed), f"{kind} on {fabric.name}", as_json) as step:
@@ -158,8 +178,9 @@ def collective_sweep_cmd(
                                   alpha=parse_time(alpha, field="--alpha"), names=[a.name for a in listed],
                                   progress=lambda name: step(f"{kind}: {name}"),
                                   gpus_per_server=gpus_per_server)
-    write_collective_sweep(result, out_dir)
+    if writes_files(as_json):
+        write_collective_sweep(result, out_dir, fmt=fmt)
     if as_json:
         print_json(result.to_dict())
     else:
-        print_collective_sweep(result, out, out_dir)
+        print_collective_sweep(result, out, out_dir, fmt=fmt)

@@ -9,10 +9,29 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, err, friendly, out
-from lightrail.cli.options import JsonOut, print_json
+from lightrail.cli.options import JsonOut, check_count, check_out, print_json
+from lightrail.errors import ScenarioError
 
 fl_app = typer.Typer(no_args_is_help=True, help="Federated / collaborative ML resource manager (Propius).")
 app.add_typer(fl_app, name="fl")
+
+MAX_SERVICES = 16
+"""Most client managers or parameter-server leaves (one process each) started on one machine."""
+MAX_CLIENTS = 100_000
+"""Most emulated clients of the demo (each checks in over HTTP: 200x the default)."""
+MAX_JOBS = 1_000
+MAX_ROUNDS = 1_000
+MAX_CONCURRENCY = 512
+"""Most clients checking in at once: each holds a connection, and a process has 1,024 descriptors by default."""
+MAX_MODEL_DIM = 10_000_000
+"""Longest model vector (80 MB in float64 per copy; the leaves and the root each hold several)."""
+MAX_TIME_SCALE = 1.0
+
+
+def _check_services(client_managers: int, leaves: int) -> None:
+    check_count(client_managers, field="--client-managers", hi=MAX_SERVICES, what="client managers")
+    check_count(leaves, field="--leaves", lo=0, hi=MAX_SERVICES, what="leaves")
+
 
 PolicyOpt = Annotated[str, typer.Option("--policy", help="Job order: fifo, random, srsf, irs, static.")]
 
@@ -36,6 +55,12 @@ def fl_serve_cmd(
     stops everything."""
     from lightrail.fl.serve import Supervisor
 
+    _check_services(client_managers, leaves)
+    if data is not None:
+        check_out(data, field="--data")
+    if leaf_flush_interval_ms is not None and not 0 <= leaf_flush_interval_ms <= 3_600_000:
+        raise ScenarioError(f"{leaf_flush_interval_ms} ms", field="--leaf-flush-interval-ms",
+                            fix="use 0 (only on POST /flush) up to an hour, 3600000")
     Supervisor(policy=policy, client_managers=client_managers, leaves=leaves, data=data, seed=seed,
                leaf_flush_interval_ms=leaf_flush_interval_ms).run()
 
@@ -68,6 +93,14 @@ def fl_demo_cmd(
     from lightrail.fl.serve import demo
 
     Policy.parse(policy, field="--policy")
+    _check_services(client_managers, leaves)
+    for value, flag, lo, hi in ((clients, "--clients", 1, MAX_CLIENTS), (jobs, "--jobs", 1, MAX_JOBS),
+                                (rounds, "--rounds", 1, MAX_ROUNDS), (concurrency, "--concurrency", 1, MAX_CONCURRENCY),
+                                (model_dim, "--model-dim", 1, MAX_MODEL_DIM)):
+        check_count(value, field=flag, lo=lo, hi=hi)
+    if not 0 <= time_scale <= MAX_TIME_SCALE:
+        raise ScenarioError(f"{time_scale}", field="--time-scale",
+                            fix=f"use 0 (instant) up to {MAX_TIME_SCALE:g} (a client's work then takes seconds)")
     result = demo(clients=clients, jobs=jobs, policy=policy, seed=seed, rounds=rounds,
                   client_managers=client_managers, concurrency=concurrency, time_scale=time_scale, leaves=leaves,
                   model_dim=model_dim, kill_leaf_at_round=kill_leaf_at_round)

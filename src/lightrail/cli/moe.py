@@ -11,10 +11,34 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, err, friendly, out
-from lightrail.cli.options import JsonOut, print_json
+from lightrail.cli.options import JsonOut, check_count, check_fits, check_out, print_json, writes_files
+from lightrail.errors import ScenarioError
 
 moe_app = typer.Typer(no_args_is_help=True, help="Mixture-of-experts: expert-parallel dispatch and combine.")
 app.add_typer(moe_app, name="moe")
+
+
+MAX_BENCH_RANKS = 64
+"""Most gloo processes (FlashDMoE's largest runs are 8 GPUs)."""
+
+
+def _check_bench_size(*, ranks: int, tokens: int, experts: int, topk: int, hidden: int, ffn: int, tiles: int,
+                      capacity_factor: float, iters: int, warmup: int) -> None:
+    """Upper bounds before any process starts (the library checks the lower ones and the divisibility)."""
+    check_count(ranks, field="--ranks", lo=2, hi=MAX_BENCH_RANKS, what="gloo processes")
+    check_count(iters, field="--iters", hi=1000, what="iterations")
+    check_count(warmup, field="--warmup", lo=0, hi=1000, what="warm-up iterations")
+    check_count(tiles, field="--tiles", hi=max(1, tokens), what="tiles")
+    if not 0 < capacity_factor <= 64:
+        raise ScenarioError(f"{capacity_factor}", field="--capacity-factor", fix="use a factor in (0, 64], e.g. 1.25")
+    # float32 expert weights (gate, up, down) with their gradients, in the ranks and the single-process reference,
+    # and the routed tokens' activations (padded: capacity_factor x the uniform share per expert)
+    width = max(hidden, ffn or hidden)
+    weights = 4 * 3 * experts * hidden * (ffn or hidden) * 3
+    tokens_bytes = 4 * tokens * max(1, topk) * width * 8 * max(1.0, capacity_factor)
+    check_fits(weights + tokens_bytes, field="--hidden" if weights > tokens_bytes else "--tokens",
+               value=f"{experts} experts of {hidden}x{ffn or hidden} and {tokens} tokens",
+               fix="use fewer --experts, a smaller --hidden/--ffn or fewer --tokens")
 
 
 @moe_app.command("bench")
@@ -45,10 +69,13 @@ def moe_bench_cmd(
     cfg = check_config(BenchConfig(ranks=ranks, tokens=tokens, experts=experts, topk=topk, hidden=hidden, ffn=ffn,
                                    tiles=tiles, capacity_factor=capacity_factor, iters=iters, warmup=warmup,
                                    backward=backward))
+    _check_bench_size(ranks=ranks, tokens=tokens, experts=experts, topk=topk, hidden=hidden, ffn=ffn, tiles=tiles,
+                      capacity_factor=capacity_factor, iters=iters, warmup=warmup)
+    check_out(out_dir if writes_files(as_json) else None)
     if not as_json:
         err.print(f"running {ranks} gloo processes ...", highlight=False)
     result = run_bench(cfg)
-    files = write_moe_bench(result, out_dir)
+    files = write_moe_bench(result, out_dir) if writes_files(as_json) else []
     if as_json:
         print_json({k: v for k, v in result.items() if k != "variants"})
     else:

@@ -7,7 +7,6 @@ when the CLI starts, so parsers that need the library import it inside themselve
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -48,7 +47,12 @@ Oversubscription = Annotated[float, typer.Option("--oversubscription", help="Lea
 Sizes = Annotated[str, typer.Option("--sizes", help="1KiB..4GiB (powers of two) or a comma list.")]
 Ports = Annotated[int, typer.Option("--ports", help="Optical ports per GPU (reconfigurable fabric).")]
 Propagation = Annotated[str, typer.Option("--propagation", help="Fibre delay per circuit hop.")]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table; writes no "
+                                                    "files unless --out is given.")]
+HtmlOut = Annotated[bool, typer.Option("--html", help="Also write report.html in the --out folder: one "
+                                                      "self-contained page (interactive figures, tables, "
+                                                      "scenario) that opens offline.")]
+FigureFormat = Annotated[str, typer.Option("--format", help="Static figures as png, svg or pdf.")]
 OcsDelay = Annotated[str, typer.Option("--ocs-delay", help="OCS (circuit switch) reconfiguration delay, e.g. 10ms.")]
 OcsDelays = Annotated[str, typer.Option("--ocs-delays", help="Comma list of OCS reconfiguration delays.")]
 StragglerDelay = Annotated[str, typer.Option("--straggler-delay", help="How late the straggler arrives, e.g. 5ms.")]
@@ -84,12 +88,19 @@ def check_ranks(n: int, *, field: str = "--ranks") -> int:
     return n
 
 
+MAX_RANGE = 65_536
+"""Most values a ``lo..hi`` range may list (each is a case to compute); checked before the list is made."""
+
+
 def _list_or_range(text: str, read: Callable[[str], T], *, field: str, fix: str, doubling: bool) -> list[T]:
     """``lo..hi`` or a comma list, each item read by ``read``; a range steps by one, or doubles from ``lo``."""
     if ".." in text:
         lo, hi = (read(x.strip()) for x in text.split("..", 1))
         if not 0 < lo <= hi:
             raise ScenarioError(f"{text!r} is not an increasing range", field=field, fix=fix)
+        if not doubling and hi - lo >= MAX_RANGE:
+            raise ScenarioError(f"{text!r} lists {hi - lo + 1:,} values, more than {MAX_RANGE:,}", field=field,
+                                fix=fix)
         if doubling:
             return [lo * 2**k for k in range(int(math.floor(math.log2(hi / lo) + 1e-9)) + 1)]
         return list(range(lo, hi + 1))
@@ -183,6 +194,137 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return sides
 
 
+# ---- bounds: checked before any work, so a request this machine cannot hold is refused up front ---------------
+
+MAX_RANKS = 65_536
+"""Most ranks a collective verb models: the largest fabric the compressed schedules are proven and timed on
+(halving-doubling on a 65,536-port switch, tests/collectives); ring at 65,536 ranks takes ~2 s and 30 MB."""
+EXPLICIT_BYTES_PER_RANK2 = 700
+"""Peak bytes per rank² of an exact reconfiguration plan, or of an explicit schedule whose size cannot be
+extrapolated: measured with ru_maxrss, 673 MiB for StragglAR at 1,024 ranks, the largest of the registry
+(Bruck all-to-all 432 MiB, hierarchical 346 MiB)."""
+BYTES_PER_TRANSFER = 350
+"""Peak bytes per transfer of an explicit schedule (held, proven and timed): StragglAR at 1,024 ranks holds
+2.1 M transfers in 673 MiB (ru_maxrss), the most per transfer in the registry (hierarchical 165, Bruck 100)."""
+BYTES_PER_RANK = 2048
+"""Peak bytes per rank of a schedule with few transfers (binomial and double binary trees: ~2 MB at 1,024)."""
+FAT_TREE_BYTES_PER_RANK2 = 4
+"""Peak bytes per rank² of a collective on a fat-tree (3.6 measured at 16,384 hosts, ru_maxrss)."""
+BYTES_PER_RANK_CHUNK = 700
+"""Peak bytes per rank x pipeline chunk of a pipelined tree: 4.2 GB for double-binary-tree at 64 ranks x
+100,000 chunks (measured, ru_maxrss)."""
+
+
+def memory_budget() -> int:
+    """Bytes one command may plan to hold: half of this machine's physical memory (the rest is the OS's,
+    the interpreter's and other processes'), or ``LIGHTRAIL_MEMORY_BUDGET`` bytes if set (tests pin it, so
+    what is refused does not depend on the machine)."""
+    import os
+
+    pinned = os.environ.get("LIGHTRAIL_MEMORY_BUDGET", "").strip()
+    if pinned.isdigit():
+        return int(pinned)
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def check_count(n: int, *, field: str, lo: int = 1, hi: int, what: str = "") -> int:
+    """An integer option within ``lo..hi``; the error names ``field`` and the range."""
+    if not lo <= n <= hi:
+        side = "too few" if n < lo else "too many"
+        raise ScenarioError(f"{n}{' ' + what if what else ''} is {side}", field=field, fix=f"use {lo}..{hi:,}")
+    return n
+
+
+def check_fits(nbytes: float, *, field: str, value, fix: str) -> None:
+    """Refuse work whose estimated peak memory exceeds :func:`memory_budget`, naming the option to shrink."""
+    budget = memory_budget()
+    if nbytes > budget:
+        raise ScenarioError(f"{value} needs about {nbytes / 2**30:,.0f} GiB, more than the memory budget of "
+                            f"{budget / 2**30:,.0f} GiB (half this machine's memory; LIGHTRAIL_MEMORY_BUDGET sets "
+                            "it)", field=field, fix=fix)
+
+
+def check_collective_size(kind, name: str, n: int, *, pipeline: int = 1, field: str = "--ranks") -> None:
+    """Refuse a collective whose schedule this machine cannot hold, before it is built: at most
+    :data:`MAX_RANKS`; algorithms without a compressed form hold ~n² transfers (pipelined trees n x chunks)."""
+    from lightrail.collectives import get
+    from lightrail.collectives.compressed import compressed_builder
+
+    check_count(n, field=field, lo=2, hi=MAX_RANKS, what="ranks")
+    algorithm = get(kind, name)
+    if not algorithm.supports(n):
+        return  # refused (or skipped by a sweep) by the algorithm itself, before anything is built
+    if "pipeline" in algorithm.parameters:
+        limit = memory_budget() // (BYTES_PER_RANK_CHUNK * n)
+        check_count(pipeline, field="--pipeline", hi=max(1, limit), what=f"chunks on {n} ranks")
+        return
+    if compressed_builder(algorithm.kind, algorithm.name) is not None and algorithm.supports(n):
+        from lightrail.collectives.compressed import compressed_form
+
+        if compressed_form(algorithm.kind, algorithm.name, n) is not None:
+            return
+    need, most = _explicit_bytes(algorithm, n)
+    check_fits(need, field=field, value=f"{algorithm.kind} {algorithm.name} on {n} ranks",
+               fix=f"use at most {most:,} ranks for {algorithm.name} (its schedule is held whole), or an algorithm "
+                   "with a compressed form (e.g. ring)")
+
+
+def _explicit_bytes(algorithm, n: int) -> tuple[float, int]:
+    """Peak bytes of ``algorithm``'s explicit schedule at ``n`` ranks, and the most ranks the budget holds:
+    :data:`BYTES_PER_TRANSFER` per transfer plus :data:`BYTES_PER_RANK`, the transfer count extrapolated from
+    the schedules at 256 and 512 ranks (milliseconds to build); :data:`EXPLICIT_BYTES_PER_RANK2` x n² for an
+    algorithm that builds at neither."""
+    import math
+
+    from lightrail.errors import LightrailError
+
+    try:
+        t1, t2 = (sum(len(step.src) for step in algorithm(m).steps) for m in (256, 512))
+    except (LightrailError, AttributeError):
+        t1 = t2 = 0
+    budget = memory_budget()
+    if not (t1 > 0 and t2 > 0):
+        return EXPLICIT_BYTES_PER_RANK2 * n * n, int((budget / EXPLICIT_BYTES_PER_RANK2) ** 0.5)
+    growth = max(1.0, math.log2(t2 / t1))
+
+    def need(m: float) -> float:
+        return BYTES_PER_TRANSFER * t2 * (m / 512) ** growth + BYTES_PER_RANK * m
+
+    most = int(512 * (budget / (BYTES_PER_TRANSFER * t2)) ** (1 / growth))  # the transfers alone fill the budget
+    while most > 2 and need(most) > budget:
+        most = int(most * 0.99)
+    return need(n), min(most, MAX_RANKS)
+
+
+STRAGGLAR_WORK = 2**24
+"""Most work of a StragglAR synthesis request, as the sum of n² over its rank counts: the greedy phase 2 costs
+~n² (measured here: 9 s at n = 1,000, 33 s and 0.67 GB at n = 3,000), so 2^24 (one n = 4,096) is minutes,
+not hours."""
+
+
+def check_stragglar_work(ranks: list[int], *, field: str = "--ranks", repeat: int = 1) -> None:
+    """Refuse StragglAR synthesis beyond :data:`STRAGGLAR_WORK` (``repeat``: times each n is synthesised)."""
+    work = repeat * sum(n * n for n in ranks)
+    if work > STRAGGLAR_WORK:
+        most = int(STRAGGLAR_WORK**0.5)
+        raise ScenarioError(f"{len(ranks):,} rank count(s) up to {max(ranks):,} is too much StragglAR synthesis "
+                            f"(sum of n² {work:.3g}, the bound is {STRAGGLAR_WORK:,})", field=field,
+                            fix=f"ask for fewer or smaller rank counts, e.g. one of at most {most:,} ranks")
+
+
+def check_out(folder: Path | None, *, field: str = "--out") -> Path | None:
+    """The output folder (None: nothing to write), proven writable before any work, so a verb that cannot
+    write its files fails at once and writes nothing (:func:`lightrail.report.files.check_writable`)."""
+    if folder is None:
+        return None
+    from lightrail.report.files import check_writable
+
+    return check_writable(folder, field=field)
+
+
 # ---- fabrics and scenarios ----------------------------------------------------------------------------------
 
 def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape: str | None, gpus_per_server: int,
@@ -191,6 +333,10 @@ def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape:
     from lightrail.fabric.builders import build_topology
 
     check_ranks(ranks)
+    check_count(ranks, field="--ranks", lo=2, hi=MAX_RANKS, what="ranks")
+    if topology == "fat-tree":  # its routes grow with n² (measured: 0.96 GB at 16,384 hosts)
+        check_fits(FAT_TREE_BYTES_PER_RANK2 * ranks**2, field="--ranks", value=f"a fat-tree of {ranks} hosts",
+                   fix=f"use at most {int((memory_budget() / FAT_TREE_BYTES_PER_RANK2) ** 0.5):,} ranks on a fat-tree")
     if gpus_per_server < 1 or hosts_per_leaf < 1:
         field = "--gpus-per-server" if gpus_per_server < 1 else "--hosts-per-leaf"
         raise ScenarioError("must be at least 1", field=field)
@@ -221,14 +367,57 @@ OcsDelayOverride = Annotated[str | None, typer.Option("--ocs-delay", help="Overr
 ModeOpt = Annotated[str | None, typer.Option("--mode", help="Override the OCS mode: on-demand or provisioned.")]
 
 
-def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: str | None = None):
-    """Load and build a scenario file (None: the embedded default), then apply --ocs-delay and --mode."""
+MAX_SWEEP_POINTS = 1000
+"""Most values one list option may hold (delays, cluster sizes): each is a row of every table and a point of
+every plot, and each costs a model evaluation or a simulation."""
+MAX_GPUS = 65_536
+"""Most GPUs a scenario may have: a Llama-3 70B job on 65,536 GPUs simulates in ~5 minutes here (measured:
+16,384 GPUs 41 s, 65,536 GPUs 303 s and 1.4 GB, 16 micro-batches)."""
+MAX_MICRO_BATCHES = 4096
+"""Most micro-batches per pipeline per iteration: 128x the most of the shipped examples (32); every one is
+simulated, op by op, on every pipeline stage."""
+SIMULATION_WORK = 2**22
+"""Most GPUs x micro-batches one iteration simulation may take (a sweep's delays multiply it): time grows with
+both (measured: 2,048 GPUs x 16, 32, 64 micro-batches in 7, 13, 27 s; 65,536 x 16 in 303 s), so the bound is
+tens of minutes; it is twice the largest shipped example (examples/llama3-405b-65536xh200.yaml, 2^21)."""
+
+
+def check_simulation_size(scenario, *, runs: int = 1, runs_field: str | None = None) -> None:
+    """Refuse a scenario whose simulation this machine would take hours over, before it is built:
+    at most :data:`MAX_GPUS` GPUs and ``runs`` x GPUs x micro-batches at most :data:`SIMULATION_WORK`
+    (``runs_field``: the option that multiplies the runs, e.g. ``--ocs-delays``)."""
+    gpus = scenario.cluster.gpus
+    check_count(gpus, field="cluster.gpus", hi=MAX_GPUS, what="GPUs")
+    job = getattr(scenario, "job", None)
+    if job is None:
+        return
+    check_count(job.micro_batches, field="job.micro_batches", hi=MAX_MICRO_BATCHES, what="micro-batches")
+    one = gpus * job.micro_batches
+    if one > SIMULATION_WORK:
+        raise ScenarioError(f"{gpus:,} GPUs x {job.micro_batches:,} micro-batches is over the bound of "
+                            f"{SIMULATION_WORK:,} GPU-micro-batches per simulation (hours of work)",
+                            field="job.micro_batches",
+                            fix=f"use at most {max(1, SIMULATION_WORK // gpus):,} micro-batches on {gpus:,} GPUs")
+    if runs * one > SIMULATION_WORK:
+        raise ScenarioError(f"{runs:,} simulations of {gpus:,} GPUs x {job.micro_batches:,} micro-batches is over "
+                            f"the bound of {SIMULATION_WORK:,} GPU-micro-batches (hours of work)", field=runs_field,
+                            fix=f"use at most {SIMULATION_WORK // one:,} values, or a smaller job")
+
+
+def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: str | None = None, *,
+                   trace_ok: bool = False, runs: int = 1, runs_field: str | None = None):
+    """Load and build a scenario file (None: the embedded default), then apply --ocs-delay and --mode.
+    A scenario whose workload is a trace is refused unless the command runs traces (``trace_ok``)."""
     from dataclasses import replace
 
     from lightrail.scenario import load_scenario
 
     loaded, base = load_scenario(scenario)
+    check_simulation_size(loaded, runs=runs, runs_field=runs_field)
     built = loaded.build(base)
+    if built.trace is not None and not trace_ok:
+        raise ScenarioError("this command needs a model, and the scenario gives a trace", field="workload",
+                            fix="run traces with `lightrail simulate` or `check`; give model and job here")
     if ocs_delay is not None:
         built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(ocs_delay, field="--ocs-delay")))
     if mode is not None:
@@ -239,7 +428,44 @@ def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: st
 # ---- output to the terminal ---------------------------------------------------------------------------------
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    """Every ``--json`` goes through here: strict JSON (non-finite floats as null, never ``Infinity``)."""
+    from lightrail.report.files import dumps_json
+
+    sys.stdout.write(dumps_json(obj) + "\n")
+
+
+def output_folder(out_dir: Path | None, default: str, *, as_json: bool, html: bool = False) -> Path | None:
+    """Where a verb writes its files: ``--out`` if given; else ``default``, except under ``--json`` (which
+    prints and writes nothing) unless ``--html`` asks for a page."""
+    if out_dir is not None:
+        return out_dir
+    return None if as_json and not html else Path(default)
+
+
+def writes_files(as_json: bool, html: bool = False) -> bool:
+    """Whether a verb with a default ``--out`` writes its files: always, except under ``--json`` (which prints
+    and writes nothing) unless ``--out`` was typed or ``--html`` asks for a page."""
+    return not as_json or html or given_on_command_line("out_dir")
+
+
+def html_report(out_dir: Path | None, html: bool, *, quiet: bool = False) -> Path | None:
+    """``--html``: ``out_dir/report.html``, from the files the verb has just written there."""
+    if not html or out_dir is None:
+        return None
+    from lightrail.report.html import write_report
+
+    path = write_report(out_dir)
+    if not quiet:
+        err.print(f"report: {path}", highlight=False)
+    return path
+
+
+def figure_suffix(fmt: str) -> str:
+    """``--format``'s value checked: png, svg or pdf."""
+    fmt = fmt.lower().lstrip(".")
+    if fmt not in ("png", "svg", "pdf"):
+        raise ScenarioError(f"cannot write figures as {fmt!r}", field="--format", fix="use png, svg or pdf")
+    return fmt
 
 
 def progress_bar(total: int, label: str, quiet: bool):

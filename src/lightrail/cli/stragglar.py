@@ -14,6 +14,7 @@ from lightrail.cli.app import app, err, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
+    MAX_SWEEP_POINTS,
     NVLINK_DEFAULT,
     Alpha,
     GpusPerServer,
@@ -25,6 +26,12 @@ from lightrail.cli.options import (
     StragglerDelays,
     TopologyOpt,
     build_fabric,
+    check_collective_size,
+    check_count,
+    check_fits,
+    check_out,
+    check_ranks,
+    check_stragglar_work,
     old_spelling,
     parse_rank_range,
     parse_times,
@@ -32,8 +39,10 @@ from lightrail.cli.options import (
     progress_bar,
     progress_steps,
     renamed,
+    writes_files,
 )
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
+from lightrail.errors import ScenarioError
 from lightrail.units import parse_rate, parse_size, parse_time
 
 stragglar_app = typer.Typer(no_args_is_help=True, help="StragglAR: AllReduce with a persistent straggler.")
@@ -55,6 +64,7 @@ def stragglar_rounds_cmd(
     from lightrail.studies.stragglar import stragglar_rounds
 
     wanted = parse_rank_range(ranks)
+    check_stragglar_work(wanted)
     progress, task = progress_bar(len(wanted), "StragglAR rounds", as_json or len(wanted) < 32)
     with progress:
         result = stragglar_rounds(wanted, progress=lambda n: progress.update(
@@ -84,11 +94,14 @@ def stragglar_compare_cmd(
     from lightrail.studies.stragglar import straggler_comparison
 
     late = renamed(straggler_delay, delay, old="--delay", new="--straggler-delay")
+    check_ranks(ranks)
+    check_collective_size("allreduce", "stragglar", ranks)
+    check_stragglar_work([ranks])
     fabric = build_fabric(topology, ranks, bandwidth, latency, None, GPUS_PER_SERVER, NVLINK_DEFAULT, HOSTS_PER_LEAF,
                           1.0)
     result = straggler_comparison(ranks, parse_size(size, field="--size"),
-                                  parse_time(late, field="--straggler-delay"), fabric,
-                                  alpha=parse_time(alpha, field="--alpha"))
+                                  _study_delay(parse_time(late, field="--straggler-delay"), "--straggler-delay"),
+                                  fabric, alpha=parse_time(alpha, field="--alpha"))
     if as_json:
         print_json(result.to_dict())
     else:
@@ -110,12 +123,20 @@ def stragglar_run_cmd(
     dist.all_reduce, with one rank arriving late."""
     from contextlib import nullcontext
 
-    from lightrail.report.stragglar import print_run, run_mismatch
-    from lightrail.studies.straggler_run import measure_straggler
-
     late = renamed(straggler_delay, delay, old="--delay", new="--straggler-delay")
     nbytes = parse_size(size, field="--size")
     delay_s = parse_time(late, field="--straggler-delay")
+    # real processes: a few per core, each a Python + torch (~0.35 GB) holding ~3 buffers of --size
+    check_count(ranks, field="--ranks", lo=2, hi=MAX_RUN_RANKS, what="gloo processes")
+    check_fits(ranks * (0.35e9 + 3 * nbytes), field="--size", value=f"{ranks} processes x {size}",
+               fix="use a smaller --size or fewer --ranks")
+    check_count(repeats, field="--repeats", hi=MAX_REPEATS, what="repeats")
+    if delay_s * (repeats + 1) > MAX_RUN_SECONDS:
+        raise ScenarioError(f"{late} late on each of {repeats + 1} trials is over {MAX_RUN_SECONDS // 60} minutes "
+                            "of waiting", field="--straggler-delay", fix="use a delay of seconds at most")
+    from lightrail.report.stragglar import print_run, run_mismatch  # torch, after the checks
+    from lightrail.studies.straggler_run import measure_straggler
+
     busy = err.status(f"running {ranks} gloo processes") if err.is_terminal and not as_json else nullcontext()
     with busy:
         result = measure_straggler(ranks, nbytes, delay_s, straggler, repeats=repeats)
@@ -127,6 +148,21 @@ def stragglar_run_cmd(
     if mismatch:
         err.print(mismatch, highlight=False)
         raise typer.Exit(1)
+
+
+MAX_RUN_RANKS = 64
+"""Most gloo processes ``stragglar run`` starts (the largest StragglAR run the paper measures is 8 GPUs)."""
+MAX_REPEATS = 1000
+MAX_RUN_SECONDS = 600
+
+
+def _study_delay(seconds: float, field: str) -> float:
+    """A modelled straggler delay of at most :data:`MAX_RUN_SECONDS` (longer ones lose the AllReduce's
+    microseconds to rounding: 1e300 s divided time after arrival by zero)."""
+    if seconds > MAX_RUN_SECONDS:
+        raise ScenarioError(f"{seconds:g} s is longer than a straggler study means (at most {MAX_RUN_SECONDS} s; "
+                            "an AllReduce takes milliseconds)", field=field, fix="e.g. 0,50us,1ms,5ms")
+    return seconds
 
 
 STRAGGLAR_DELAYS = "0,50us,100us,250us,500us,1ms,5ms"  # a 64 MiB AllReduce on NVLink takes 0.25-1.2 ms
@@ -170,6 +206,11 @@ def stragglar_sweep_cmd(
     at_s = None if at is None else parse_time(at, field="--at-straggler-delay")
     rank_list = sorted(set(parse_rank_range(ranks)))
     names = list(dict.fromkeys(t.strip() for t in topologies.split(",") if t.strip()))
+    check_out(out_dir if writes_files(as_json) else None)
+    check_collective_size("allreduce", "stragglar", rank_list[-1])
+    check_stragglar_work(rank_list, repeat=max(1, len(names)))
+    check_count(len(delay_list), field="--straggler-delays", hi=MAX_SWEEP_POINTS, what="delays")
+    _study_delay(max(delay_list), "--straggler-delays")
     nbytes = parse_size(size, field="--size")
     rate, hop, start = (parse_rate(bandwidth, field="--bandwidth"), parse_time(latency, field="--latency"),
                         parse_time(alpha, field="--alpha"))
@@ -177,7 +218,7 @@ def stragglar_sweep_cmd(
         result = fabric_sweep(rank_list, delay_list, nbytes, names, bandwidth=rate, latency=hop, alpha=start,
                               gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, at_delay=at_s,
                               at_ranks=at_ranks, progress=step)
-    files = write_sweep(result, out_dir)
+    files = write_sweep(result, out_dir) if writes_files(as_json) else []
     if as_json:
         print_json(result.to_dict())
     else:

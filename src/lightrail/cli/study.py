@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -11,15 +12,23 @@ from lightrail.cli.app import app, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
+    MAX_SWEEP_POINTS,
     NIC_DEFAULT,
     Alpha,
     Bandwidth,
+    FigureFormat,
+    HtmlOut,
     JsonOut,
     Latency,
     OcsDelays,
     Ports,
     Propagation,
     Sizes,
+    check_collective_size,
+    check_count,
+    check_out,
+    figure_suffix,
+    html_report,
     old_spelling,
     parse_kinds,
     parse_rank_range,
@@ -29,8 +38,49 @@ from lightrail.cli.options import (
     progress_bar,
     progress_steps,
     renamed,
+    writes_files,
 )
+from lightrail.errors import LightrailError, ScenarioError
 from lightrail.units import parse_rate, parse_time
+
+STUDY_WORK = 2**26
+"""Most work of a collective study, as ops x the sum of n² over its rank counts (algorithms without a compressed
+form hold ~n² transfers): the default grid (4 ops, 8..1,024 ranks) is 2^22.5."""
+MAX_GRID = 100_000
+"""Most sizes x OCS delays of a collective study (the default is 23 x 6)."""
+MAX_RACKS = 10_000
+"""Most racks of a scale-up study: 640,000 accelerators, 100x the default."""
+MAX_REQUESTS = 1_000_000
+"""Most slice requests of a scale-up study, 100x the default."""
+MAX_SCALEUP_WORK = 10**8
+"""Most racks x requests (each request scans the racks): 100x the default study."""
+MIN_MTBF_HOURS = 0.01
+"""Shortest accelerator MTBF read (36 s; real ones are ~50,000 h): shorter ones overflow the failure draws."""
+MAX_TRACE_BYTES = 1 << 30
+"""Largest trace file read (CSV): 1 GiB."""
+MAX_CLIENTS = 1_000_000
+"""Most emulated clients of an FL study, 100x the default."""
+MAX_JOBS = 10_000
+"""Most jobs of an FL study, 500x the default."""
+MAX_MATRICES = 10_000
+"""Most traffic matrices per point of a TE study (each is a solve of every slice controller)."""
+
+
+def _check_study_size(kinds, ranks: list[int], sizes: list[float], delays: list[float], ports: int) -> None:
+    """Refuse a collective study this machine cannot hold or finish, before any of it runs."""
+    from lightrail.collectives import algorithms
+
+    check_count(len(sizes) * len(delays), field="--sizes", hi=MAX_GRID, what="sizes x delays")
+    check_count(ports, field="--ports", hi=max(ranks), what="optical ports per GPU")
+    for kind in kinds:
+        for algorithm in algorithms(kind):
+            check_collective_size(kind, algorithm.name, max(ranks))
+    work = len(kinds) * sum(n * n for n in ranks)
+    if work > STUDY_WORK:
+        raise ScenarioError(f"{len(kinds)} ops x {len(ranks):,} rank counts up to {max(ranks):,} is over the study's "
+                            f"bound (ops x sum of n² = {work:.3g} > {STUDY_WORK:,})", field="--ranks",
+                            fix="ask for fewer or smaller rank counts, e.g. 8,16,32,64,128,256,1024")
+
 
 study_app = typer.Typer(no_args_is_help=True, help="Studies over grids of cases.")
 app.add_typer(study_app, name="study")
@@ -53,6 +103,8 @@ def study_collectives_cmd(
     propagation: Propagation = "0",
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV summary and heat maps.")]
     = Path("out/study-collectives"),
+    fmt: FigureFormat = "png",
+    html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
     """When does reconfiguring the fabric per step pay? Static ring, torus and switch against a
@@ -60,19 +112,26 @@ def study_collectives_cmd(
     from lightrail.report.collective_study import print_study, write_study
     from lightrail.studies.collective_study import StudyGrid, collective_study
 
+    check_out(out_dir if writes_files(as_json, html) else None)
+    fmt = figure_suffix(fmt)
     delays = renamed(ocs_delays, old_delays, old="--delays", new="--ocs-delays")
-    grid = StudyGrid(ops=tuple(k.value for k in parse_kinds(ops)), ranks=tuple(parse_rank_range(ranks)),
-                     sizes=tuple(parse_sizes(sizes)), delays=tuple(parse_times(delays, "--ocs-delays")),
+    kinds, rank_list = parse_kinds(ops), parse_rank_range(ranks)
+    size_list, delay_list = parse_sizes(sizes), parse_times(delays, "--ocs-delays")
+    _check_study_size(kinds, rank_list, size_list, delay_list, ports)
+    grid = StudyGrid(ops=tuple(k.value for k in kinds), ranks=tuple(rank_list),
+                     sizes=tuple(size_list), delays=tuple(delay_list),
                      ports=ports, bandwidth=parse_rate(bandwidth, field="--bandwidth"),
                      latency=parse_time(latency, field="--latency"), alpha=parse_time(alpha, field="--alpha"),
                      propagation=parse_time(propagation, field="--propagation"))
     with progress_steps(len(grid.ops) * len(grid.ranks), "collective study", as_json) as step:
         result = collective_study(grid, progress=step)
-    write_study(result, out_dir)
+    if writes_files(as_json, html):
+        write_study(result, out_dir, fmt=fmt)
+        html_report(out_dir, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
-        print_study(result, out, out_dir)
+        print_study(result, out, out_dir, fmt=fmt)
 
 
 @study_app.command("scaleup")
@@ -91,6 +150,7 @@ def study_scaleup_cmd(
                                                show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV summary and plot.")]
     = Path("out/study-scaleup"),
+    html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
     """Slices on scale-up racks: contiguous TPU-style blocks on an electrical torus against any free servers
@@ -99,18 +159,29 @@ def study_scaleup_cmd(
     from lightrail.fabric.scaleup import RackSpec
     from lightrail.report.scaleup import print_study, write_study
     from lightrail.studies.scaleup import ScaleupParams, parse_trace, scaleup_study
+    from lightrail.validation import read_bounded
 
-    if mtbf_hours <= 0:
-        raise ScenarioError(f"{mtbf_hours} hours", field="--mtbf-hours", fix="use a positive number, or inf")
+    check_out(out_dir if writes_files(as_json, html) else None)
+    if not mtbf_hours >= MIN_MTBF_HOURS:
+        raise ScenarioError(f"{mtbf_hours} hours", field="--mtbf-hours",
+                            fix=f"use {MIN_MTBF_HOURS} hours or more, or inf (no failures)")
+    check_count(racks, field="--racks", hi=MAX_RACKS, what="racks")
+    if not 1e-6 <= load <= 100:  # a vanishing load divides the arrival rate by zero
+        raise ScenarioError(f"load {load}", field="--load",
+                            fix="a fraction of the accelerators in [1e-06, 100], e.g. 0.9")
+    check_count(spare_servers, field="--spare-servers", lo=0, hi=64, what="spare servers per rack")
     requests_given = None
     if trace is not None:
-        try:
-            text = trace.read_text()
-        except OSError as e:
-            raise ScenarioError(f"cannot read {str(trace)!r}: {e.strerror}", field="--trace",
-                                fix="give a CSV file with the header arrival_s,size,duration_s") from None
+        text = read_bounded(trace, field="--trace", what="a CSV file with the header arrival_s,size,duration_s",
+                            limit=MAX_TRACE_BYTES)
         requests_given = parse_trace(text)
         requests = len(requests_given)
+    check_count(requests, field="--trace" if trace is not None else "--requests", hi=MAX_REQUESTS,
+                what="requests")
+    if racks * requests > MAX_SCALEUP_WORK:
+        raise ScenarioError(f"{racks:,} racks x {requests:,} requests is over the bound of {MAX_SCALEUP_WORK:,} "
+                            "(each request scans the racks)", field="--requests",
+                            fix=f"use at most {MAX_SCALEUP_WORK // racks:,} requests on {racks:,} racks")
     params = ScaleupParams(racks=racks, requests=requests, seed=seed, load=load, mtbf_s=mtbf_hours * 3600.0,
                            spec=RackSpec(spare_servers=spare_servers))
     progress, task = progress_bar(2 * params.requests, "scale-up study", as_json)
@@ -119,7 +190,8 @@ def study_scaleup_cmd(
                                progress=lambda fab, done: progress.update(
                                    task, completed=done + (params.requests if fab == "photonic" else 0),
                                    description=f"scale-up: {fab}"))
-    files = write_study(result, out_dir)
+    files = write_study(result, out_dir) if writes_files(as_json, html) else []
+    html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -144,11 +216,12 @@ def study_te_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the traffic, views and randomized slicer.")] = 0,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plots.")]
     = Path("out/study-te"),
+    html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
     """Decentralized WAN TE (Symphony): overload of regularized vs unregularized slice controllers and blast
     radius of each slicer, one factor at a time around 5 slices, lambda 0.001 and +-5% views."""
-    from lightrail.cli.te import DEFAULT_LAMBDA, te_setup
+    from lightrail.cli.te import DEFAULT_LAMBDA, check_lambda, te_setup
     from lightrail.errors import ScenarioError
     from lightrail.report.te import print_study, write_study
     from lightrail.studies.te import sweep_setups, sweep_te
@@ -160,26 +233,45 @@ def study_te_cmd(
             raise ScenarioError(f"cannot read {text!r}", field=flag, fix="numbers separated by commas") from None
         if not values:
             raise ScenarioError("no values", field=flag, fix="give at least one number")
+        if not all(math.isfinite(v) for v in values):
+            raise ScenarioError(f"{text!r} holds a non-finite number", field=flag, fix="finite numbers only")
+        check_count(len(values), field=flag, hi=MAX_SWEEP_POINTS, what="values")
         return values
 
+    check_out(out_dir if writes_files(as_json, html) else None)
+    check_count(matrices, field="--matrices", hi=MAX_MATRICES, what="traffic matrices")
     names = tuple(t.strip() for t in topologies.split(",") if t.strip())
     if not names:
         raise ScenarioError("no topology", field="--topologies", fix="e.g. geant,abilene")
     counts = floats(slice_counts, "--slice-counts")
     if any(c != int(c) or c < 1 for c in counts):
         raise ScenarioError(f"{slice_counts!r}", field="--slice-counts", fix="whole numbers >= 1, e.g. 2,5,8")
+    for lam in floats(lambdas, "--lambdas"):
+        check_lambda(lam, "--lambdas")
     sweep = {"topology": names, "lam": floats(lambdas, "--lambdas"),
              "perturbation": floats(perturbations, "--perturbations"), "slices": tuple(int(c) for c in counts)}
     base = te_setup(topology=names[0], slices=5, lam=DEFAULT_LAMBDA, perturbation=0.05, objective=objective,
                     paths=4, load=load, seed=seed, matrices=matrices)
     setups = sweep_setups(base, sweep)
-    for s in setups:
-        s.check()
+    swept = {"--lambda": "--lambdas", "--perturbation": "--perturbations", "--slices": "--slice-counts",
+             "--topology": "--topologies"}  # a setup's errors name te run's flags; here the lists set them
+    try:
+        for s in setups:
+            s.check()
+        from lightrail.te.inputs import load_topology
+        from lightrail.te.slicing import check_slices
+
+        for name in names:  # every topology with the most slices, before any solve
+            check_slices(load_topology(name).n, max(sweep["slices"]))
+    except LightrailError as e:
+        e.field = swept.get(e.field, e.field)
+        raise
     total = sum(s.matrices for s in setups)
     progress, task = progress_bar(total, "te study", as_json)
     with progress:
         result = sweep_te(base, sweep, progress=lambda done, _total: progress.update(task, completed=done))
-    files = write_study(result, out_dir)
+    files = write_study(result, out_dir) if writes_files(as_json, html) else []
+    html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -204,6 +296,7 @@ def study_fl_cmd(
         "(replaces --jobs).", show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plot.")]
     = Path("out/study-fl"),
+    html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
     """Multi-tenant scheduling of collaborative ML (Propius): edge clients checking in, jobs with client
@@ -224,16 +317,13 @@ def study_fl_cmd(
     from lightrail.studies.fl import FlParams, fl_study
 
     def read(path: Path, flag: str, header: str) -> str:
-        try:
-            return path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ScenarioError(f"cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}", field=flag,
-                                fix=f"give a CSV file with the header {header}") from None
+        from lightrail.validation import read_bounded
 
-    if clients < 1:
-        raise ScenarioError(f"{clients}", field="--clients", fix="use 1 or more")
-    if jobs < 1:
-        raise ScenarioError(f"{jobs}", field="--jobs", fix="use 1 or more")
+        return read_bounded(path, field=flag, what=f"a CSV file with the header {header}", limit=MAX_TRACE_BYTES)
+
+    check_out(out_dir if writes_files(as_json, html) else None)
+    check_count(clients, field="--clients", hi=MAX_CLIENTS, what="clients")
+    check_count(jobs, field="--jobs", hi=MAX_JOBS, what="jobs")
     if availability_trace is not None and clients_trace is None:
         raise ScenarioError("an availability trace names clients of a clients trace", field="--availability-trace",
                             fix="give --clients-trace too")
@@ -263,7 +353,8 @@ def study_fl_cmd(
                       jobs=len(population.jobs) if population else jobs, seed=seed)
     with progress_steps(len(POLICIES), "fl study", as_json) as step:
         result = fl_study(params, POLICIES, population=population, progress=step)
-    files = write_study(result, out_dir)
+    files = write_study(result, out_dir) if writes_files(as_json, html) else []
+    html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, print_json, progress_bar
+from lightrail.cli.options import JsonOut, check_out, print_json, progress_bar
 
 te_app = typer.Typer(no_args_is_help=True,
                      help="Decentralized WAN traffic engineering (Symphony): slice controllers, regularized TE, "
@@ -48,9 +48,43 @@ def require_te() -> None:
                                  field="te", fix="pip install 'lightrail[te]' (make setup installs it)") from None
 
 
+MAX_PATHS = 64
+"""Most shortest paths per demand (Symphony and SMORE use 4; each path is a variable of every solve)."""
+MAX_MATRICES = 10_000
+"""Most traffic matrices of one run (each is a solve of every slice controller; held as one array)."""
+MAX_LAMBDA = 1e3
+"""Largest regularizer weight read: beyond it lambda * sum u_e^2 overflows the solvers' problem data."""
+MIN_LOAD, MAX_LOAD = 1e-6, 100.0
+"""Target utilizations read: 10^-6 to 100x overload; beyond either, scaling the demands overflows the solvers."""
+
+
+def check_lambda(lam: float, field: str = "--lambda") -> None:
+    """A regularizer weight the solvers can take: 0 to :data:`MAX_LAMBDA`."""
+    from lightrail.errors import ScenarioError
+
+    if not 0 <= lam <= MAX_LAMBDA:
+        raise ScenarioError(f"lambda {lam}", field=field, fix=f"use 0 (off) to {MAX_LAMBDA:g}; Symphony sweeps "
+                                                            "1e-4..0.1")
+
+
+def check_te_sizes(*, paths: int, load: float, matrices: int, matrices_field: str = "--matrices") -> None:
+    """Bounds of the TE options, before any topology is read or matrix generated."""
+    from lightrail.cli.options import check_count
+    from lightrail.errors import ScenarioError
+
+    check_count(paths, field="--paths", hi=MAX_PATHS, what="paths per demand")
+    check_count(matrices, field=matrices_field, lo=0 if matrices_field == "--epochs" else 1, hi=MAX_MATRICES,
+                what="traffic matrices")
+    if not MIN_LOAD <= load <= MAX_LOAD:
+        raise ScenarioError(f"load {load}", field="--load",
+                            fix=f"a target utilization in [{MIN_LOAD:g}, {MAX_LOAD:g}], e.g. 0.9")
+
+
 def te_setup(*, topology: str, slices: int, lam: float, perturbation: float, objective: str, paths: int,
              load: float, seed: int, matrices: int = 1, traffic: Path | None = None, slicers: str | None = None):
     """A checked TeSetup from the shared options (its errors name the flags)."""
+    check_te_sizes(paths=paths, load=load, matrices=matrices)
+    check_lambda(lam)
     require_te()
     from lightrail.studies.te import TeSetup
     from lightrail.te.formulations import Objective
@@ -58,6 +92,10 @@ def te_setup(*, topology: str, slices: int, lam: float, perturbation: float, obj
 
     chosen = TeSetup.slicers if slicers is None else tuple(Slicer.parse(s, field="--slicers")
                                                             for s in slicers.split(",") if s.strip())
+    if not chosen:
+        from lightrail.errors import ScenarioError
+
+        raise ScenarioError(f"{slicers!r} lists no slicer", field="--slicers", fix="e.g. randomized,contiguous")
     setup = TeSetup(topology=topology, slices=slices, lam=lam, perturbation=perturbation,
                     objective=Objective.parse(objective), k=paths, matrices=matrices, load=load, seed=seed,
                     traffic=None if traffic is None else str(traffic), slicers=chosen)
@@ -92,6 +130,7 @@ def te_run_cmd(
     from lightrail.report.te import print_run, write_run
     from lightrail.studies.te import run_te
 
+    check_out(out_dir)
     setup = te_setup(topology=topology, slices=slices, lam=lam, perturbation=perturbation, objective=objective,
                      paths=paths, load=load, seed=seed, matrices=matrices, traffic=traffic, slicers=slicers)
     progress, task = progress_bar(setup.matrices, f"te run: {topology}", as_json)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,12 +10,18 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import friendly, out
-from lightrail.cli.options import JsonOut, print_json
-from lightrail.cli.te import te_app
+from lightrail.cli.options import JsonOut, check_count, check_out, print_json
+from lightrail.cli.te import check_lambda, check_te_sizes, te_app
+from lightrail.errors import ScenarioError
+
+MAX_SERVE_SLICES = 64
+"""Most slice controllers (one process each) te serve starts on one machine."""
 
 
 def _stderr_json(obj: dict) -> None:
-    sys.stderr.write(json.dumps(obj) + "\n")
+    from lightrail.report.files import dumps_json
+
+    sys.stderr.write(dumps_json(obj, indent=None) + "\n")
     sys.stderr.flush()
 
 
@@ -65,6 +70,15 @@ def te_serve_cmd(
     from lightrail.te.service import serve_te
     from lightrail.te.slicing import Slicer
 
+    check_te_sizes(paths=paths, load=load, matrices=epochs, matrices_field="--epochs")
+    if lam is not None:
+        check_lambda(lam)
+    check_count(slices, field="--slices", hi=MAX_SERVE_SLICES, what="controller processes")
+    if allocations is not None:
+        if allocations.is_dir():
+            raise ScenarioError(f"{str(allocations)!r} is a folder", field="--allocations",
+                                fix="give a file path, e.g. out/allocations.jsonl")
+        check_out(allocations.parent, field="--allocations")
     setup = TeSetup(topology=topology, slices=slices, lam=DEFAULT_LAMBDA if lam is None else lam,
                     perturbation=perturbation, objective=Objective.parse(objective), k=paths, load=load, seed=seed,
                     slicers=(Slicer.parse(slicer),))

@@ -91,7 +91,8 @@ def write_astra_sim(trace: ChakraTrace, out_dir: Path, *, name: str, network: di
             progress(f"rank {rank}")
     ops = ", ".join(f"{v} {k}" for k, v in trace.ops().items() if ":" not in k)
     return [write_json(out_dir / "workload.json", {k: list(v) for k, v in trace.groups.items()}),
-            write_text(out_dir / "network.yml", "# lightrail export astra-sim: bandwidth in GB/s of 2^30 bytes, latency in ns\n"
+            write_text(out_dir / "network.yml",
+                       "# lightrail export astra-sim: bandwidth in GB/s of 2^30 bytes, latency in ns\n"
                        + yaml.safe_dump(network, default_flow_style=None, sort_keys=False)),
             write_json(out_dir / "system.json", system),
             write_json(out_dir / "remote_memory.json", {"memory-type": "NO_MEMORY_EXPANSION"}),

@@ -34,17 +34,19 @@ def _load(config: dict | str | Path) -> tuple[dict, str, str | None]:
         if path.is_dir():
             path = path / "config.json"
         label = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not path.exists():
             raise ScenarioError("no such file", field=label,
-                                fix="give the path of a config.json, or of the directory holding one") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ScenarioError(f"cannot read it ({exc})", field=label, fix="give a readable JSON file") from None
+                                fix="give the path of a config.json, or of the directory holding one")
+        from lightrail.validation import read_bounded  # bounded: /dev/zero or a FIFO is refused, not read
+
+        text = read_bounded(path, field=label, what="a Hugging Face config.json (a regular file)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"not JSON ({exc.msg} at line {exc.lineno})", field=label,
+                            fix="give a Hugging Face config.json") from None
+    except RecursionError:
+        raise ScenarioError("nested too deeply to be a model config", field=label,
                             fix="give a Hugging Face config.json") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"holds a {type(data).__name__}, not an object", field=label,
