@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 
@@ -126,3 +127,16 @@ def test_the_catalog_parses_only_the_decorated_statements_and_falls_back_to_the_
     assert catalog._all.__wrapped__() == fast
     monkeypatch.setattr(catalog, "_decorated", lambda text: ["def broken(:\n"])  # a chunk cut short
     assert catalog._all.__wrapped__() == fast
+
+
+@pytest.mark.parametrize("args", [["algorithms"], ["algorithms", "--json"]])
+def test_the_bare_algorithms_verb_skips_typer_but_prints_what_typer_prints(args):
+    """``main`` answers the bare verb before Typer parses anything; the output is the Typer command's."""
+    from typer.testing import CliRunner
+
+    from lightrail.cli import app
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "lightrail.cli", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0 and " pydantic\n" not in done.stderr  # -X importtime lists every import
+    assert done.stdout == CliRunner().invoke(app, args, env={"COLUMNS": "80"}).output

@@ -30,4 +30,9 @@ def main() -> None:
         # even the root's flag (~0.1 s), all for one line. The root callback prints the same line.
         print_version()
         return
+    if sys.argv[1:] in (["algorithms"], ["algorithms", "--json"]):
+        from lightrail.cli.collective import list_algorithms
+
+        list_algorithms(as_json=sys.argv[-1] == "--json")  # the same output, without Typer's ~0.13 s
+        return
     app()
