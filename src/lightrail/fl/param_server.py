@@ -559,7 +559,7 @@ def _raise_from(r) -> None:
 def _base_app(title: str):
     from lightrail.runtime.controller.server import require_service
 
-    fastapi, _ = require_service()
+    fastapi, _ = require_service("fastapi", "uvicorn")
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
