@@ -164,38 +164,72 @@ def _controller_metrics(admin: str) -> dict:
                                         if k.startswith("lightrail_reconfigurations_total"))),
             "grants": int(values["lightrail_grants_total"]),
             "grants_without_change": int(values["lightrail_grants_without_change_total"]),
-            "unsafe_reconfigurations": int(values["lightrail_unsafe_reconfigurations_total"])}
+            "unsafe_reconfigurations": int(values["lightrail_unsafe_reconfigurations_total"]),
+            "rank_failures": int(values.get("lightrail_rank_failures_total", 0)),
+            "connection_timeouts": int(values.get("lightrail_connection_timeouts_total", 0))}
 
 
 # --- asyncio client: one connection per rank -------------------------------------------------------------
 
 
-class _Rank:
-    def __init__(self, rank: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.rank, self.reader, self.writer = rank, reader, writer
-        self.next_id = 0
-        self.waiting: dict[int, asyncio.Future] = {}
-        self.task = asyncio.create_task(self._read())
+class _Rank(asyncio.Protocol):
+    """One emulated rank's connection, as an asyncio Protocol: a reply is matched to its request in
+    ``data_received`` and timestamped there (a StreamReader task per rank would add a task wake-up per reply,
+    client-side time the latencies would count against the controller)."""
 
-    async def _read(self) -> None:
-        while line := await self.reader.readline():
-            now = time.perf_counter()
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.next_id = 0
+        self.waiting: dict[int, tuple[float, asyncio.Future]] = {}  # id -> (sent, its future)
+        self.buf = b""
+        self.writer: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.writer = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        lines = (self.buf + data).split(b"\n")
+        self.buf = lines.pop()
+        for line in lines:
             reply = json.loads(line)
-            self.waiting.pop(reply["id"]).set_result((now, reply))
-        for fut in self.waiting.values():  # the controller closed the connection (or died)
+            entry = self.waiting.pop(reply.get("id"), None)  # None: a push, or a request already timed out
+            if entry is not None and not entry[1].done():
+                entry[1].set_result((now, reply))
+
+    def connection_lost(self, exc) -> None:
+        for _, fut in self.waiting.values():  # the controller closed the connection (or died), or we did
             if not fut.done():
-                fut.set_exception(ConnectionError(f"rank {self.rank}: the controller closed the connection"))
+                fut.set_exception(ConnectionError(f"rank {self.rank}: the connection closed"))
+                fut.exception()  # a heartbeat's future is awaited by nobody: no "never retrieved" warning
+        self.waiting.clear()
+
+    def expire(self, before: float) -> int:
+        """Fail the requests sent before ``before`` that got no reply (dropped); how many."""
+        late = [i for i, (sent, _) in self.waiting.items() if sent < before]
+        for i in late:
+            fut = self.waiting.pop(i)[1]
+            if not fut.done():
+                fut.set_exception(TimeoutError(f"rank {self.rank}: no reply to request {i}"))
+                fut.exception()
+        return len(late)
 
     def send(self, op: str, **fields) -> tuple[float, asyncio.Future]:
         if self.writer.is_closing():
             raise ConnectionError(f"rank {self.rank}: the connection is closed")
         self.next_id += 1
         fut = asyncio.get_running_loop().create_future()
-        self.waiting[self.next_id] = fut
         data = json.dumps({"id": self.next_id, "op": op, **fields}, separators=(",", ":")).encode() + b"\n"
         sent = time.perf_counter()
+        self.waiting[self.next_id] = (sent, fut)
         self.writer.write(data)
         return sent, fut
+
+
+async def _connect(info: dict, rank: int) -> _Rank:
+    _, rk = await asyncio.get_running_loop().create_connection(lambda: _Rank(rank), info["host"], info["port"])
+    return rk
 
 
 async def _call(client: _Rank, op: str, **fields) -> dict:
@@ -209,11 +243,7 @@ async def _call(client: _Rank, op: str, **fields) -> dict:
 async def _run_async(info: dict, n: int, rounds: int, flip: bool, warmup: int) -> dict:
     job = "bench"
     token = _register(info, job, n)
-    ranks = []
-    for r in range(n):
-        reader, writer = await asyncio.open_connection(info["host"], info["port"])
-        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        ranks.append(_Rank(r, reader, writer))
+    ranks = [await _connect(info, r) for r in range(n)]
     for rk in ranks:
         rail, port = _port(rk.rank)
         await _call(rk, "hello", job=job, rank=rk.rank, world=n, ports={rail: port}, token=token)
@@ -236,7 +266,6 @@ async def _run_async(info: dict, n: int, rounds: int, flip: bool, warmup: int) -
         assert all(reply["ok"] for _, reply in await asyncio.gather(*released))
     for rk in ranks:
         rk.writer.close()
-        rk.task.cancel()
     return {**_summary(latencies), "round_median_ms": round(statistics.median(round_s) * 1e3, 3)}
 
 
@@ -329,10 +358,11 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
     last_sent = dict.fromkeys(mine, time.perf_counter())  # heartbeats from the first hello on: setup is slow
     beats = {"sent": 0}
 
-    async def heartbeats() -> None:  # one task: a heartbeat for every rank that sent nothing for 0.5 s
-        while True:
+    async def heartbeats() -> None:  # one task: a heartbeat for every rank that sent nothing for 0.5 s,
+        while True:                   # and requests unanswered for DROP_AFTER_S failed (dropped)
             now = time.perf_counter()
             for r, rk in list(ranks.items()):
+                rk.expire(now - DROP_AFTER_S)
                 if now - last_sent[r] >= 0.5 and not rk.writer.is_closing():
                     rk.send("heartbeat")
                     last_sent[r] = now
@@ -342,10 +372,8 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
     beater = asyncio.create_task(heartbeats())
     for i in range(0, len(mine), 64):  # connect and say hello in batches (the controller's backlog is 1,024)
         batch = mine[i:i + 64]
-        conns = await asyncio.gather(*(asyncio.open_connection(info["host"], info["port"]) for _ in batch))
-        for r, (reader, writer) in zip(batch, conns, strict=True):
-            writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ranks[r] = _Rank(r, reader, writer)
+        for r, rk in zip(batch, await asyncio.gather(*(_connect(info, r) for r in batch)), strict=True):
+            ranks[r] = rk
         await asyncio.gather(*(_call(ranks[r], "hello", job=job, rank=r, world=n, token=token,
                                      ports={f"rail{r // WIDE_RAIL}": r % WIDE_RAIL}) for r in batch))
     for a, b in pairs:
@@ -363,13 +391,13 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
                 return
             sent = [ranks[r].send("acquire", job=job, rank=r, key=key) for r in (a, b)]
             last_sent[a] = last_sent[b] = sent[1][0]
-            done, pending = await asyncio.wait([f for _, f in sent], timeout=DROP_AFTER_S)
-            ok = [f for f in done if f.exception() is None and f.result()[1]["ok"]]
-            dropped["n"] += len(pending) + len(done) - len(ok)
+            got = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)  # expire() bounds it
+            ok = [(t, g[0]) for (t, _), g in zip(sent, got, strict=True) if isinstance(g, tuple) and g[1]["ok"]]
+            dropped["n"] += 2 - len(ok)
             if i >= warmup:
-                latencies.extend(f.result()[0] - t for (t, f) in sent if f in ok)
+                latencies.extend(at - t for t, at in ok)
             released = [ranks[r].send("release", job=job, rank=r, key=key)[1] for r in (a, b)]
-            await asyncio.wait(released, timeout=DROP_AFTER_S)
+            await asyncio.gather(*released, return_exceptions=True)
             if pace:
                 await asyncio.sleep(pace)  # the pair's compute between two collectives
 
@@ -382,14 +410,14 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
             pass
 
     await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(staggered(i, a, b, start + time_limit) for i, (a, b) in enumerate(pairs)))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     beater.cancel()
     for rk in ranks.values():
         rk.writer.close()
-        rk.task.cancel()
-    return {"latencies": latencies, "dropped": dropped["n"], "heartbeats": beats["sent"], "wall_s": wall}
+    return {"latencies": latencies, "dropped": dropped["n"], "heartbeats": beats["sent"], "wall_s": wall,
+            "cpu_s": cpu}
 
 
 def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, results) -> None:
@@ -417,10 +445,11 @@ def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace:
         w.start()
     admin = f"http://{info['host']}:{info['admin_port']}"
     barrier.wait(timeout=time_limit)
-    requests_before, cpu_before, start = _requests(admin), _cpu_s(info["pid"]), time.perf_counter()
+    requests_before, cpu_before, start = _requests(admin), _cpu_times(info["pid"]), time.perf_counter()
     parts = [results.get(timeout=time_limit + 120) for _ in workers]
     wall = time.perf_counter() - start
-    cpu, handled = _cpu_s(info["pid"]) - cpu_before, _requests(admin) - requests_before
+    user, system = (after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+    cpu, handled = user + system, _requests(admin) - requests_before
     for w in workers:
         w.join(30)
     errors = [p["error"] for p in parts if "error" in p]
@@ -437,13 +466,19 @@ def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace:
             "wall_s": round(wall, 3), "heartbeats_sent": sum(p["heartbeats"] for p in parts),
             "requests_handled": handled, "controller_cpu_s": round(cpu, 3),
             "controller_cpu_us_per_request": round(cpu / max(handled, 1) * 1e6, 1),
-            "controller_cpu_share": round(cpu / wall, 3)}
+            "controller_user_us_per_request": round(user / max(handled, 1) * 1e6, 1),
+            "controller_system_us_per_request": round(system / max(handled, 1) * 1e6, 1),
+            "controller_cpu_share": round(cpu / wall, 3),
+            "clients_cpu_us_per_request": round(sum(p["cpu_s"] for p in parts) / max(handled, 1) * 1e6, 1),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` (Linux /proc): system time is mostly the loopback TCP
+    stack (a reply's send), which no Python change removes."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _requests(admin: str) -> float:

@@ -388,26 +388,15 @@ class Agent:
 def _interrupt(client: ControllerClient | None, push: dict) -> None:
     """Fail the acquires this rank is blocked in with the push's news: a request the controller received
     after it reset the job's groups would otherwise wait for peers that are rebuilding."""
-    if client is None:
-        return
-    error = {"type": push["op"].capitalize(), "message": f"rank {push['rank']} failed", "field": "rank",
-             "fix": "rebuild the process groups and resume from the checkpoint"}
-    with client._cond:  # the client's own structures (issue 17's client has no public interrupt yet)
-        for wire, request in list(client._pending.items()):
-            if request.op in ("acquire", "prepare") and not request.detached and not request.internal:
-                del client._pending[wire]
-                client._replies[request.logical] = {"id": wire, "ok": False, "error": error}
-        client._cond.notify_all()
+    if client is not None:
+        client.interrupt({"type": push["op"].capitalize(), "message": f"rank {push['rank']} failed",
+                          "field": "rank", "fix": "rebuild the process groups and resume from the checkpoint"})
 
 
 def _forget_holds(client: ControllerClient) -> None:
     """The controller reset the job's groups at the failover (no holders, no lease): the client's leases and
     holds of them are void, and errors of requests sent before it are stale."""
-    with client._lock:
-        client.leases.clear()
-        client._inside.clear()
-        with client._cond:
-            client._failed.clear()
+    client.forget_holds()
 
 
 def idle_stats() -> dict:

@@ -22,9 +22,10 @@ is inside an op of, then every request still unanswered (fresh ids; the caller w
 gets the new reply). Leases not in use are forgotten; one in use becomes a held op, released when it
 ends. The restarted controller knows no lease, and a peer may already be inside the op this rank is about
 to start (its grant came before the kill; this rank's did not): an acquire would wait for a round that
-peer never starts. So, after a reconnect, a lease acquire (one waiting, or a new one) is sent as ``hold``
-(granted at once while the circuits are lit, per op: ``release`` after it) until a hold of that group is
-refused, when it acquires. Past the bound, every wait raises one ``InfeasibleError`` naming the
+peer never starts. So every re-sent acquire carries ``rejoin`` (the controller grants it at once inside a
+round restored by a peer's ``hold``), and, after a reconnect, a lease acquire (one waiting, or a new one)
+is sent as ``hold`` (granted at once while the circuits are lit, per op: ``release`` after it) until a
+hold of that group is refused, when it acquires. Past the bound, every wait raises one ``InfeasibleError`` naming the
 controller (field ``controller``), never a hang.
 """
 
@@ -335,7 +336,7 @@ class ControllerClient:
             self._done = True
         if op == "acquire" and ok:
             with self._lock:  # recorded before the caller wakes (a revoke may follow at once)
-                if not message.get("held"):
+                if not message.get("held") and not message.get("rejoined"):
                     self._resync.discard(key)  # a round of the restarted controller: acquires are acquires again
                 if "lease" in message:
                     # the op the caller is about to run is the lease's next (its first, or the next it is behind)
@@ -533,6 +534,8 @@ class ControllerClient:
                 if request.logical in seen:
                     continue
                 seen.add(request.logical)
+                if request.op == "acquire":  # sent before the restart: it may join a round a peer restores by hold
+                    request.fields["rejoin"] = True
                 if request.op == "acquire" and request.fields.get("lease") and request.fields["key"] in self._resync:
                     self._hold_first(request)
                     continue
@@ -543,6 +546,26 @@ class ControllerClient:
                         self._cond.notify_all()
                     continue
                 self._write_locked(request)
+
+    def interrupt(self, error: dict) -> None:
+        """Answer every acquire and prepare a caller waits on with ``error`` (a reply's ``error`` object): news
+        from a push (a failover) makes them moot, and a request the controller took after resetting the job's
+        groups would wait for peers that are rebuilding."""
+        with self._cond:
+            for wire, request in list(self._pending.items()):
+                if request.op in ("acquire", "prepare") and not request.detached and not request.internal:
+                    del self._pending[wire]
+                    self._replies[request.logical] = {"id": wire, "ok": False, "error": error}
+            self._cond.notify_all()
+
+    def forget_holds(self) -> None:
+        """The controller reset the job's groups (a failover: no holders, no lease): drop this rank's leases
+        and per-op holds, and the errors of detached requests sent before it (stale)."""
+        with self._lock:
+            self.leases.clear()
+            self._inside.clear()
+            with self._cond:
+                self._failed.clear()
 
     def _give_up(self, message: str, *, field: str | None = "controller", fix: str | None = None) -> None:
         error = InfeasibleError(f"rank {self.rank} of job {self.job!r}: {message}", field=field or "controller",

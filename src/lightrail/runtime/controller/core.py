@@ -136,18 +136,23 @@ class GroupState:
     revoking: bool = False  # revoke pushed to the holders
     ops: dict[int, int] = field(default_factory=dict)  # revoking: ops each member that acked ran under the lease
     limit: dict[int, int] = field(default_factory=dict)  # revoking: ops a holder still inside may reach
+    # A round restored by ``hold`` after a restart: the members in it (held, or joined by a ``rejoin`` acquire
+    # whose grant of that round was lost in the kill); None for a round of this controller.
+    restored: set[int] | None = None
+    rejoins: set[int] = field(default_factory=set)  # waiting acquires that carry ``rejoin``
     order: int = 0  # declaration order: ties in ready_since are scheduled in it (deterministic runs)
 
     def __post_init__(self) -> None:
         self._ports = {d: (set(c), set(c.values())) for d, c in self.circuits.items()}
+        self._keys = frozenset((d, p) for d, (ins, outs) in self._ports.items() for p in ins | outs)
 
     def ports(self) -> dict[str, tuple[set[int], set[int]]]:
         """Per device, the inputs and the outputs its circuits use."""
         return self._ports
 
-    def port_keys(self) -> set[tuple[str, int]]:
+    def port_keys(self) -> frozenset[tuple[str, int]]:
         """Every (device, port) its circuits use, as input or output (what the port index holds)."""
-        return {(d, p) for d, (ins, outs) in self._ports.items() for p in ins | outs}
+        return self._keys
 
     def active(self) -> bool:
         """Its ports carry traffic: a change under way, holders, or a lease not yet over."""
@@ -366,6 +371,12 @@ class Controller:
                 self._schedule()
             return None
         self.intent[(m.job, m.rank)] = m.key
+        if m.op == "acquire" and getattr(m, "rejoin", False) and self._may_join(g, m.rank):
+            fut = self._wait(g, m.rank)  # its grant of the round a peer restored by hold was lost: join it
+            self._join(g, m.rank)
+            if freed:
+                self._schedule()
+            return fut
         if g.lease is not None and m.op == "acquire" and m.rank in g.ops and g.started() > g.ops[m.rank]:
             fut = self._wait(g, m.rank)  # behind the others: run the rest first
             self._rejoin(g, m.rank)
@@ -380,6 +391,7 @@ class Controller:
         if m.op == "acquire":
             g.acquirers.add(m.rank)
             (g.lease_asks.add if m.lease else g.lease_asks.discard)(m.rank)
+            (g.rejoins.add if getattr(m, "rejoin", False) else g.rejoins.discard)(m.rank)
             fut = self._wait(g, m.rank)
         # Only a completed barrier or freed ports can make anything new possible. A rank back while
         # the group is still granted waits for the next round (the last release reschedules).
@@ -444,12 +456,20 @@ class Controller:
             waiter[0].set_exception(Superseded(f"rank {rank} holds {key!r} (hold)", field="key"))
         g.acquirers.discard(rank)
         g.lease_asks.discard(rank)
+        g.rejoins.discard(rank)
+        if g.status != GroupStatus.GRANTED:
+            g.restored = set()  # a round restored by hold (not one this controller granted)
         g.holders.add(rank)
         g.status = GroupStatus.GRANTED
+        if g.restored is not None:
+            g.restored.add(rank)
         if g.lease is None:  # a per-op holder (a lease is tracked by its holders alone)
             g.intents.add(rank)
             self.intent[(job, rank)] = key
         self.log("hold", job=job, rank=rank, group=key)
+        for r in sorted(g.rejoins):  # rejoining acquires that arrived before this hold join the round now
+            if r in g.waiters and self._may_join(g, r):
+                self._join(g, r)
         if freed:
             self._schedule()
         return {"key": key, "holders": sorted(g.holders)}
@@ -720,6 +740,8 @@ class Controller:
         for device, circuits in g.circuits.items():
             driver = self.devices[device]
             state = driver.state()
+            if all(state.get(i) == o for i, o in circuits.items()):
+                continue  # all lit (so no other input on its outputs): skip if present, the common case
             by_output = {o: i for i, o in state.items()}
             changes: dict[int, int | None] = {}
             for i, o in circuits.items():
@@ -869,6 +891,7 @@ class Controller:
 
     def _grant(self, g: GroupState) -> None:
         g.status = GroupStatus.GRANTED
+        g.restored, g.rejoins = None, set()
         g.holders = set(g.acquirers)
         g.acquirers = set()  # acquires from now on are for the next round
         g.ready_since = 0.0
@@ -910,6 +933,29 @@ class Controller:
         if not fut.done():
             fut.set_result({"lease": g.lease, "ops": g.ops.pop(rank), "until": until})
 
+    @staticmethod
+    def _may_join(g: GroupState, rank: int) -> bool:
+        """A rejoining acquire joins at once: the group is granted per op in a round restored by ``hold`` and
+        ``rank`` has not been in that round (a peer is inside the op this rank's lost grant was for)."""
+        return (g.status == GroupStatus.GRANTED and g.lease is None and g.restored is not None
+                and rank not in g.restored and rank not in g.holders)
+
+    def _join(self, g: GroupState, rank: int) -> None:
+        """Grant ``rank``'s waiting acquire inside the restored round (its circuits are lit: it was held)."""
+        fut, asked = g.waiters.pop(rank)
+        g.acquirers.discard(rank)
+        g.lease_asks.discard(rank)
+        g.rejoins.discard(rank)
+        g.holders.add(rank)
+        g.restored.add(rank)
+        g.intents.add(rank)
+        self.intent[(g.job, rank)] = g.key
+        self.counters["rejoins"] += 1
+        self.latencies.append(self.clock() - asked)
+        self.log("rejoin", job=g.job, rank=rank, group=g.key)
+        if not fut.done():
+            fut.set_result({"rejoined": True})
+
     def _lease_progress(self, g: GroupState) -> bool:
         """After an ack, release or disconnect in a lease: let members behind rejoin; end the lease once no
         holder is left and every member ran the same ops. True if that freed its ports."""
@@ -942,8 +988,10 @@ class Controller:
             waiter[0].cancel()
         if len(g.intents) < len(g.members):
             g.ready_since = 0.0
+        g.rejoins.discard(rank)
         if g.status == GroupStatus.GRANTED and not g.holders and g.lease is None:
             g.status = GroupStatus.IDLE  # the round is over; ranks already back wait for the next barrier
+            g.restored = None
             self._ready.add(g)
             if len(g.intents) == len(g.members):
                 g.ready_since = self.clock()
@@ -989,6 +1037,7 @@ class Controller:
                     fut.set_exception(error)
             g.waiters.clear()
             g.intents, g.acquirers, g.holders, g.lease_asks = set(), set(), set(), set()
+            g.restored, g.rejoins = None, set()
             g.lease, g.revoking, g.ops, g.limit, g.ready_since = None, False, {}, {}, 0.0
             if g.status == GroupStatus.GRANTED:
                 g.status = GroupStatus.IDLE  # an APPLYING one settles on its own

@@ -25,7 +25,7 @@ from lightrail.validation import first_error
 
 __all__ = ["Hello", "Heartbeat", "Group", "Acquire", "Release", "Ack", "Hold", "Bye", "Revoke", "Failover", "Dead",
            "PortFailed", "Request", "parse_request", "parse_push", "encode", "error_reply", "request_id", "INT64",
-           "MAX_DEPTH"]
+           "MAX_DEPTH", "Fast", "fast_request", "encode_ok"]
 
 INT64 = (-(1 << 63), (1 << 63) - 1)  # what a rank's ids, ranks and ports may be (SQLite's INTEGER)
 MAX_DEPTH = 64  # JSON nesting levels a request may have (ours have 3)
@@ -84,7 +84,8 @@ class Acquire(_Message):
     """Block until the group's circuits are lit and reserved for it (``prepare``: do not block).
 
     With ``lease``, the grant is a lease (when every member asked for one): the rank keeps the
-    circuits across ops, with no further request, until the controller revokes it.
+    circuits across ops, with no further request, until the controller revokes it. ``rejoin``: sent
+    before a controller restart and re-sent after it; it joins a round restored by ``hold`` at once.
     """
 
     op: Literal["acquire", "prepare"]
@@ -92,6 +93,7 @@ class Acquire(_Message):
     rank: int
     key: str
     lease: bool = False
+    rejoin: bool = False
 
 
 class Release(_Message):
@@ -237,6 +239,64 @@ def parse_request(line: bytes | str, *, max_depth: int = MAX_DEPTH) -> Request:
         raise first_error(e, source="message", hint="see docs/controller.md") from None
 
 
+class Fast:
+    """A hot-path request (heartbeat, acquire, prepare, release) checked field by field, without pydantic: it
+    holds exactly the values its model would (the same defaults), with the attributes the server and the
+    core read. :func:`fast_request` returns one only for a line the model takes as it is."""
+
+    __slots__ = ("id", "op", "job", "rank", "key", "lease", "rejoin")
+
+    def __init__(self, id_: int, op: str, job: str | None = None, rank: int | None = None, key: str | None = None,
+                 lease: bool = False, rejoin: bool = False):
+        self.id, self.op, self.job, self.rank, self.key, self.lease = id_, op, job, rank, key, lease
+        self.rejoin = rejoin
+
+
+# op -> (required fields, allowed fields) of the models on the fast path (kept equal to the models by a test)
+_FAST = {"heartbeat": (frozenset({"op"}), frozenset({"id", "op"})),
+         "acquire": (frozenset({"op", "job", "rank", "key"}),
+                     frozenset({"id", "op", "job", "rank", "key", "lease", "rejoin"})),
+         "release": (frozenset({"op", "job", "rank", "key"}), frozenset({"id", "op", "job", "rank", "key"}))}
+_FAST["prepare"] = _FAST["acquire"]
+_scan = json.JSONDecoder().scan_once  # the C scanner: one value at an index, no whitespace handling
+
+
+def _plain_int(v: object) -> bool:
+    return type(v) is int and INT64[0] <= v <= INT64[1]
+
+
+def fast_request(line: bytes) -> Fast | None:
+    """The hot ops in ~2 µs instead of ~10: a flat object (one ``{``, no ``[``: depth 1, whatever the strings
+    hold) whose fields have exactly the model's types (no coercion, ints within int64), else None and the
+    caller runs :func:`parse_request`, whose answer (a model or the error) is then the same as ever. Every
+    check here only narrows what the models accept, so a line taken here is one the models take with the
+    same values."""
+    if line.count(b"{") != 1 or b"[" in line:
+        return None
+    try:
+        text = line.decode()
+        data, end = _scan(text, 0)
+    except (ValueError, StopIteration):  # not UTF-8, not JSON, an int too long to convert: the slow path names it
+        return None
+    if end != len(text) or type(data) is not dict:  # anything around the object (even spaces): the slow path
+        return None
+    op = data.get("op")
+    spec = _FAST.get(op) if type(op) is str else None
+    if spec is None or not (spec[0] <= data.keys() <= spec[1]):
+        return None
+    rid = data.get("id", 0)
+    if not _plain_int(rid):
+        return None
+    if op == "heartbeat":
+        return Fast(rid, op)
+    job, rank, key, lease = data["job"], data["rank"], data["key"], data.get("lease", False)
+    rejoin = data.get("rejoin", False)
+    if type(job) is not str or type(key) is not str or not _plain_int(rank) or type(lease) is not bool \
+            or type(rejoin) is not bool:
+        return None
+    return Fast(rid, op, job, rank, key, lease, rejoin)
+
+
 def request_id(line: bytes) -> int:
     """The ``id`` of a line that failed to parse, if it has a plain one (so its error reply can echo it)."""
     m = re.search(rb'"id"\s*:\s*(-?\d{1,18})\b', line[:4096])
@@ -254,6 +314,19 @@ def parse_push(data: dict) -> Revoke | Failover | Dead | PortFailed:
 
 def encode(reply: dict) -> bytes:
     return json.dumps(reply, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_ok(request_id: int, reply: dict | None = None) -> bytes:
+    """``encode({"id": request_id, "ok": True, **reply})``, the common replies from byte templates."""
+    if not reply:
+        return b'{"id":%d,"ok":true}\n' % request_id
+    if len(reply) == 1:
+        if reply.get("granted") is True:
+            return b'{"id":%d,"ok":true,"granted":true}\n' % request_id
+        t = reply.get("t")
+        if type(t) is float and t - t == 0.0:  # finite: repr is what json.dumps writes
+            return b'{"id":%d,"ok":true,"t":%s}\n' % (request_id, repr(t).encode())
+    return encode({"id": request_id, "ok": True, **reply})
 
 
 def error_reply(request_id: int, error: LightrailError) -> dict:

@@ -1,0 +1,327 @@
+"""The controller's hot path (issue 17 item 5: 1,024 ranks at full rate) changes cost, never behaviour: the
+hand-written parse of heartbeat/acquire/prepare/release takes exactly the lines the pydantic models take, with
+the same values (anything else goes to the models, whose errors stay the same); the byte-template replies are
+the bytes ``encode`` writes; the cheap histograms expose what prometheus_client's Histogram would; the
+skip-if-present shortcut in ``_changes`` agrees with the full computation; the Protocol's line framing answers
+the same whatever the chunking. No timing is asserted (speed: benchmarks/bench_controller.py --ranks 1024)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightrail.errors import LightrailError
+from lightrail.runtime.controller.protocol import (
+    _FAST,
+    Acquire,
+    Group,
+    Heartbeat,
+    Release,
+    encode,
+    encode_ok,
+    fast_request,
+    parse_request,
+)
+
+pytest.importorskip("prometheus_client")
+
+_FIELDS = ("id", "op", "job", "rank", "key", "lease", "rejoin", "world", "x")
+_VALUES = st.one_of(
+    st.sampled_from(["heartbeat", "acquire", "prepare", "release", "hello", "ack", "bye", "j", "", "p0", "\u00e9"]),
+    st.integers(min_value=-(2 ** 64), max_value=2 ** 64), st.sampled_from([2 ** 63 - 1, -(2 ** 63), 2 ** 63]),
+    st.booleans(), st.none(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 3),
+                                                             max_size=1))
+
+
+def _line(data: dict, compact: bool) -> bytes:
+    return json.dumps(data, separators=(",", ":") if compact else None).encode()
+
+
+@st.composite
+def _requests(draw) -> bytes:
+    """Mostly near-valid hot requests (the right fields, some with a wrong value, a missing or an extra one)."""
+    op = draw(st.sampled_from(["heartbeat", "acquire", "prepare", "release"]))
+    data = {"id": draw(st.integers(0, 10 ** 6)), "op": op}
+    if op != "heartbeat":
+        data |= {"job": draw(st.sampled_from(["j", "", "x\"y", "\\u00e9"])), "rank": draw(st.integers(-3, 9)),
+                 "key": draw(st.sampled_from(["p0", "k", "a{b", "c]"]))}
+        if op != "release" and draw(st.booleans()):
+            data["lease"] = draw(st.booleans())
+        if op != "release" and draw(st.booleans()):
+            data["rejoin"] = draw(st.booleans())
+    for _ in range(draw(st.integers(0, 2))):
+        what = draw(st.sampled_from(["set", "drop"]))
+        name = draw(st.sampled_from(_FIELDS))
+        if what == "set":
+            data[name] = draw(_VALUES)
+        else:
+            data.pop(name, None)
+    return _line(data, draw(st.booleans()))
+
+
+def _model_values(m) -> tuple:
+    """Values with their types (``1 == True``, but a model's lease is a bool)."""
+    values = (m.id, m.op, getattr(m, "job", None), getattr(m, "rank", None), getattr(m, "key", None),
+              getattr(m, "lease", False), getattr(m, "rejoin", False))
+    return tuple((type(v), v) for v in values)
+
+
+@settings(max_examples=600, deadline=None)
+@given(line=st.one_of(_requests(), st.binary(max_size=40), st.just(b'{"op":"heartbeat"} ')))
+def test_the_fast_parse_takes_only_what_the_models_take_with_the_same_values(line):
+    """A line the fast path takes parses (with the models) to the same values; a line the models refuse is
+    never taken by the fast path (so its error reply comes from the models, unchanged)."""
+    fast = fast_request(line)
+    try:
+        model = parse_request(line)
+    except LightrailError:
+        assert fast is None
+        return
+    if fast is not None:
+        assert _model_values(fast) == _model_values(model)
+        assert type(model) in (Heartbeat, Acquire, Release)
+
+
+_A = b'"op":"acquire","job":"j","rank":0,"key":"k"'
+
+
+@pytest.mark.parametrize("line", [
+    b'{"id":9223372036854775808,' + _A + b"}", b'{"id":-9223372036854775809,' + _A + b"}",
+    b'{"id":1,"op":"acquire","job":"j","rank":9223372036854775808,"key":"k"}', b"{" + _A + b"} x",
+    b"{" + _A + b"}{}", b"{" + _A + b',"lease":1}', b"{" + _A + b',"lease":"true"}', b'{"id":"1",' + _A + b"}",
+    b'{"id":1.0,' + _A + b"}", b'{"id":true,' + _A + b"}", b'{"op":"acquire","job":"j","rank":0,"key":"\\ud800"}',
+    b'{"op":"acquire","job":1,"rank":0,"key":"k"}', b'{"op":"release","job":"j","rank":0,"key":"k","lease":false}',
+    b'{"op":"heartbeat","id":NaN}', b"\xef\xbb\xbf{" + _A + b"}", b"{" + _A + b',"x":[1]}',
+])
+def test_edge_lines_get_the_models_answer(line):
+    """Lines the models refuse or coerce (int64 bounds, trailing bytes, bool/str/float coercions, a lone
+    surrogate, a BOM, extra fields): the fast path leaves every one to them."""
+    fast = fast_request(line)
+    try:
+        model = parse_request(line)
+    except LightrailError:
+        assert fast is None
+        return
+    assert fast is None or _model_values(fast) == _model_values(model)
+
+
+@pytest.mark.parametrize("data", [
+    {"op": "heartbeat"}, {"id": 7, "op": "heartbeat"},
+    {"id": 1, "op": "acquire", "job": "bench-many", "rank": 5, "key": "p4"},
+    {"id": 2, "op": "prepare", "job": "j", "rank": 0, "key": "k", "lease": True},
+    {"id": 2 ** 63 - 1, "op": "release", "job": "j", "rank": -(2 ** 63), "key": "k"},
+])
+def test_the_clients_requests_take_the_fast_path(data):
+    """What ControllerClient and the benchmark send (compact JSON, and json.dumps's default spacing) is taken."""
+    for compact in (True, False):
+        fast = fast_request(_line(data, compact))
+        assert fast is not None and _model_values(fast) == _model_values(parse_request(_line(data, compact)))
+
+
+def test_the_fast_fields_are_the_models_fields():
+    """_FAST's fields are the models' (a field added to a model and not to _FAST sends every line using it to
+    the slow path: correct, but slow), and it requires what they require."""
+    for op, model in (("heartbeat", Heartbeat), ("acquire", Acquire), ("prepare", Acquire), ("release", Release)):
+        required, allowed = _FAST[op]
+        assert allowed <= set(model.model_fields)  # a field only the model knows: its lines take the slow path
+        assert required == {n for n, f in model.model_fields.items() if f.is_required()}
+
+
+@given(rid=st.integers(-(2 ** 63), 2 ** 63 - 1),
+       reply=st.one_of(st.just({}), st.just(None), st.just({"granted": True}), st.just({"granted": False}),
+                       st.builds(lambda t: {"t": t}, st.floats(allow_nan=False, allow_infinity=False)),
+                       st.builds(lambda n: {"granted": True, "lease": n}, st.integers(1, 10 ** 9)),
+                       st.builds(lambda n: {"remaining": n}, st.integers(0, 9))))
+def test_template_replies_are_the_bytes_encode_writes(rid, reply):
+    assert encode_ok(rid, reply) == encode({"id": rid, "ok": True, **(reply or {})})
+
+
+def test_cheap_histograms_expose_what_prometheus_histograms_would(make):
+    """Same observations (including ones exactly on a bucket bound, and above the last) into a real
+    prometheus_client Histogram and into the server's counters: identical exposition lines."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from lightrail.runtime.controller.server import _LATENCY_BUCKETS, RankServer, metrics_text
+
+    c, _ = make()
+    server = RankServer(c, c.config)
+    registry = CollectorRegistry()
+    ref_req = Histogram("lightrail_request_duration_seconds", "x", ["op"], buckets=_LATENCY_BUCKETS,
+                        registry=registry)
+    ref_grant = Histogram("lightrail_acquire_to_grant_seconds", "x", buckets=_LATENCY_BUCKETS, registry=registry)
+    rng = random.Random(17)
+    values = [*_LATENCY_BUCKETS, 0.0, 100.0, *(rng.expovariate(300.0) for _ in range(500))]
+    for i, v in enumerate(values):
+        op = ("acquire", "release", "heartbeat")[i % 3]
+        server.metrics.request(op, v)
+        ref_req.labels(op=op).observe(v)
+        server.metrics.granted(v)
+        ref_grant.observe(v)
+
+    def samples(text: str) -> dict[str, float]:
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(("lightrail_request_duration_seconds", "lightrail_acquire_to_grant_seconds")):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    ours, theirs = samples(metrics_text(c)), samples(generate_latest(registry).decode())
+    assert len(theirs) == 4 * (len(_LATENCY_BUCKETS) + 3) and ours.keys() == theirs.keys()
+    for name, value in theirs.items():
+        assert ours[name] == pytest.approx(value, rel=1e-12), name
+
+
+def _changes_reference(c, g) -> dict:
+    """``Controller._changes`` as it was before the skip-if-present shortcut (the full computation)."""
+    out = {}
+    for device, circuits in g.circuits.items():
+        driver = c.devices[device]
+        state = driver.state()
+        by_output = {o: i for i, o in state.items()}
+        changes = {}
+        for i, o in circuits.items():
+            other = by_output.get(o)
+            if other is not None and other != i and other not in circuits:
+                changes[other] = None
+            if state.get(i) != o:
+                changes[i] = o
+        if driver.duplex:
+            for i in [i for i, o in changes.items() if o is None]:
+                peer = state.get(i)
+                if peer is not None and peer not in circuits:
+                    changes[peer] = None
+        if changes:
+            out[device] = changes
+    return out
+
+
+@pytest.mark.parametrize("duplex", [False, True])
+def test_skip_if_present_agrees_with_the_full_change_computation(make, duplex):
+    """Random lit states and random groups: the shortcut in ``_changes`` gives what the full scan gives."""
+    from lightrail.runtime.controller.config import ControllerConfig, DeviceConfig
+    from lightrail.runtime.controller.core import GroupState
+
+    rng = random.Random(5 + duplex)
+    c, _ = make(ControllerConfig(devices=[DeviceConfig(name="rail0", ports=8, delay=0.0, duplex=duplex)]))
+    driver = c.devices["rail0"]
+    lit_groups = 0
+    for _ in range(300):
+        ports = list(range(8))
+        rng.shuffle(ports)
+        if duplex:
+            pairs = [ports[k:k + 2] for k in range(0, rng.randrange(0, 9, 2), 2)]
+            target = {a: b for a, b in pairs} | {b: a for a, b in pairs}
+            want_pairs = [ports[k:k + 2] for k in range(0, rng.randrange(2, 9, 2), 2)]
+            wanted = {a: b for a, b in want_pairs} | {b: a for a, b in want_pairs}
+        else:
+            outs = ports[:]
+            rng.shuffle(outs)
+            target = {i: o for i, o in zip(ports, outs, strict=True) if i != o and rng.random() < 0.7}
+            k = rng.randrange(1, 4)
+            wanted = {i: o for i, o in zip(ports[:k], outs[:k], strict=True) if i != o} or {0: 1}
+            if rng.random() < 0.5:  # a group already lit: the shortcut's case
+                wanted = dict(list(target.items())[:k]) or wanted
+        driver.apply({i: target.get(i) for i in range(8) if driver.state().get(i) != target.get(i)}, 0.0)
+        g = GroupState("j", "k", "dp", frozenset({0, 1}), {"rail0": wanted})
+        got = c._changes(g)
+        assert got == _changes_reference(c, g)
+        lit_groups += not got
+    assert lit_groups > 20  # the shortcut was exercised
+
+
+def test_protocol_framing_answers_the_same_whatever_the_chunking(make, hello):
+    """The same byte stream (hot requests, a slow-path one, an error, a blank line, an over-long line) fed
+    whole, line by line and byte by byte: the same replies, the connection open after the over-long line."""
+    from lightrail.runtime.controller.server import RankServer
+
+    class Transport:
+        def __init__(self):
+            self.out, self.closed = bytearray(), False
+
+        def write(self, data: bytes) -> None:
+            self.out += data
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+        def get_extra_info(self, name: str, default=None):
+            return ("127.0.0.1", 5) if name == "peername" else default
+
+    stream = b"".join([
+        b'{"id":1,"op":"heartbeat"}\n', b'{"id":2,"op":"release","job":"j","rank":0,"key":"nope"}\n', b"\n",
+        b'{"id":3, "op": "release", "job": "j", "rank": 1, "key": "nope"}\n',  # another rank: refused
+        b'{"id":4,"op":"acquire","job":"j","rank":0,"key":"g","lease":0}\n',  # lease 0: the models' path
+        b'{"id":5,"op":"acquire","job":"j","rank":0,"key":"g"}\n', b"x" * 1100 + b"\n",
+        b'{"id":6,"op":"hold"}\n', b'{"id":7,"op":"release","job":"j","rank":0,"key":"g"}\n'])
+
+    def run(chunks: list[bytes]) -> list[dict]:
+        async def go():
+            c, vt = make()
+            c.clock = lambda: 1.5  # the heartbeat's reply is the same in every run
+            c.config = c.config.model_copy(update={"max_line": 1024})
+            hello(c, "j", 0, 2, rail0=0)
+            hello(c, "j", 1, 2, rail0=1)
+            c.declare(Group(op="group", job="j", key="g", members=[0], circuits={"rail0": {}}))
+            server = RankServer(c, c.config, clock=lambda: 0.0)
+            proto = server.protocol()
+            t = Transport()
+            proto.connection_made(t)
+            proto.conn.bound = ("j", 0)
+            for chunk in chunks:
+                proto.data_received(chunk)
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert not t.closed and proto.conn in server.open
+            proto.connection_lost(None)
+            assert proto.conn is None and not server.open
+            return [json.loads(x) for x in bytes(t.out).splitlines()]
+
+        return asyncio.run(go())
+
+    whole = run([stream])
+    assert [r.get("id") for r in whole] == [1, 2, 3, 4, 5, 0, 6, 7]
+    assert [r["ok"] for r in whole] == [True, False, False, True, True, False, False, True]
+    assert whole[2]["error"]["field"] == "rank" and "over 1024 bytes" in whole[5]["error"]["message"]
+    assert whole[3] == {"id": 4, "ok": True, "granted": True} and whole[0]["t"] == 1.5
+    assert run(stream.splitlines(keepends=True)) == whole
+    assert run([stream[i:i + 1] for i in range(len(stream))]) == whole
+    assert run([stream[i:i + 37] for i in range(0, len(stream), 37)]) == whole
+
+
+def test_the_hot_ops_never_build_a_model(make, hello, monkeypatch):
+    """Heartbeat, acquire and release from a bound connection are answered without the pydantic parse."""
+    import lightrail.runtime.controller.server as server_mod
+
+    calls = []
+    real = server_mod.parse_request
+    monkeypatch.setattr(server_mod, "parse_request", lambda *a, **k: calls.append(a) or real(*a, **k))
+
+    async def go():
+        c, _ = make()
+        hello(c, "j", 0, 2, rail0=0)
+        hello(c, "j", 1, 2, rail0=1)
+        c.declare(Group(op="group", job="j", key="g", members=[0, 1], circuits={"rail0": {}}))
+        server = server_mod.RankServer(c, c.config)
+        replies = {}
+        for r in (0, 1):
+            conn = server_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies.setdefault(r, []).append(
+                json.loads(d)), "is_closing": lambda self: False})(), f"p{r}", 0.0, 0.0, bound=("j", r))
+            server.request(conn, b'{"id":1,"op":"heartbeat"}')
+            server.request(conn, b'{"id":2,"op":"acquire","job":"j","rank":%d,"key":"g"}' % r)
+        await asyncio.sleep(0)
+        return c, replies
+
+    c, replies = asyncio.run(go())
+    assert calls == []
+    assert [r["id"] for r in replies[0]] == [1, 2] and replies[1][-1] == {"id": 2, "ok": True, "granted": True}
+    assert replies[0][-1] == {"id": 2, "ok": True, "granted": True} and c.counters["grants"] == 1
