@@ -10,6 +10,7 @@ import typer
 from lightrail.cli.app import app, friendly, given_on_command_line, out
 from lightrail.cli.options import (
     LATENCY_DEFAULT,
+    FigureFormat,
     GpusPerServer,
     HostsPerLeaf,
     JsonOut,
@@ -21,6 +22,7 @@ from lightrail.cli.options import (
     TopologyOpt,
     check_collective_size,
     check_ranks,
+    figure_suffix,
     parse_kind,
     parse_shape,
     print_json,
@@ -49,6 +51,7 @@ def nccl_tests_cmd(
     oversubscription: Oversubscription = 1.0,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for calibration.yaml (a scenario fragment), "
                                           "calibration.json and calibration.png.")] = Path("out/calibrate"),
+    fmt: FigureFormat = "png",
     as_json: JsonOut = False,
 ):
     """Fit alpha (per step), latency (per hop) and bandwidth of the engine's time model for --algo on
@@ -59,6 +62,7 @@ def nccl_tests_cmd(
     from lightrail.report.calibrate import print_calibration, write_calibration
     from lightrail.validation import read_bounded
 
+    fmt = figure_suffix(fmt)
     check_ranks(ranks)
     check_collective_size(parse_kind(op), algo, ranks)  # bounded before the fit builds the schedule
     text = read_bounded(file, field="FILE", what="the saved output of all_reduce_perf (a regular file)")
@@ -68,7 +72,8 @@ def nccl_tests_cmd(
     cal = fit(rows, kind=parse_kind(op), algo=algo, topology=topology, ranks=ranks,
               latency_s=parse_time(latency, field="--latency"), shape=parse_shape(shape),
               gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
-    written = write_calibration(cal, out_dir, file.name) if not as_json or given_on_command_line("out_dir") else []
+    writes = not as_json or given_on_command_line("out_dir")
+    written = write_calibration(cal, out_dir, file.name, fmt=fmt) if writes else []
     if as_json:
         print_json(cal.to_dict())
     else:

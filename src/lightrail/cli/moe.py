@@ -11,7 +11,16 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, err, friendly, out
-from lightrail.cli.options import JsonOut, check_count, check_fits, check_out, print_json, writes_files
+from lightrail.cli.options import (
+    FigureFormat,
+    JsonOut,
+    check_count,
+    check_fits,
+    check_out,
+    figure_suffix,
+    print_json,
+    writes_files,
+)
 from lightrail.errors import ScenarioError
 
 moe_app = typer.Typer(no_args_is_help=True, help="Mixture-of-experts: expert-parallel dispatch and combine.")
@@ -57,8 +66,9 @@ def moe_bench_cmd(
     iters: Annotated[int, typer.Option("--iters", help="Timed iterations (median), after --warmup.")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed iterations first.")] = 1,
     backward: Annotated[bool, typer.Option("--backward/--no-backward", help="Also time forward + backward.")] = True,
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json and moe-bench.png.")] = Path(
-        "out/moe-bench"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json and moe-bench.png (or .svg/.pdf, "
+                                          "see --format).")] = Path("out/moe-bench"),
+    fmt: FigureFormat = "png",
     as_json: JsonOut = False,
 ):
     """Latency, tokens/s and bytes on the wire of payload-efficient pipelined dispatch, padded (GShard)
@@ -66,6 +76,7 @@ def moe_bench_cmd(
     from lightrail.moe.bench import BenchConfig, check_config, run_bench
     from lightrail.report.moe import print_moe_bench, write_moe_bench
 
+    fmt = figure_suffix(fmt)
     cfg = check_config(BenchConfig(ranks=ranks, tokens=tokens, experts=experts, topk=topk, hidden=hidden, ffn=ffn,
                                    tiles=tiles, capacity_factor=capacity_factor, iters=iters, warmup=warmup,
                                    backward=backward))
@@ -75,7 +86,7 @@ def moe_bench_cmd(
     if not as_json:
         err.print(f"running {ranks} gloo processes ...", highlight=False)
     result = run_bench(cfg)
-    files = write_moe_bench(result, out_dir) if writes_files(as_json) else []
+    files = write_moe_bench(result, out_dir, fmt=fmt) if writes_files(as_json) else []
     if as_json:
         print_json({k: v for k, v in result.items() if k != "variants"})
     else:

@@ -10,8 +10,10 @@ import typer
 
 from lightrail.cli.app import app, err, friendly, out
 from lightrail.cli.options import (
+    FigureFormat,
     JsonOut,
     OcsDelay,
+    figure_suffix,
     parse_mode,
     print_json,
     progress_steps,
@@ -52,6 +54,7 @@ def train_demo_cmd(
                                                         help="Ranks per server = rails (default: --tp).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for train-demo.json and iterations.png.")]
     = Path("out/train-demo"),
+    fmt: FigureFormat = "png",
     kill_controller_at_step: Annotated[int | None, typer.Option(
         "--kill-controller-at-step", help="Kill the controller (SIGKILL) once training completed this many steps "
                                           "and start it again on the same state and ports; the ranks reconnect "
@@ -71,6 +74,7 @@ def train_demo_cmd(
     from lightrail.studies.photonic_demo import run_photonic_demo
     from lightrail.studies.train_demo import DemoConfig
 
+    fmt = figure_suffix(fmt)
     config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=steps, ranks=ranks)
     delay = parse_time(ocs_delay, field="--ocs-delay")
     mode = parse_mode(mode)
@@ -81,7 +85,7 @@ def train_demo_cmd(
                                    kill_controller_at_step=() if kill_controller_at_step is None
                                    else kill_controller_at_step, spares=spares, kill_rank=kill_rank,
                                    kill_at_step=kill_at_step)
-    wrote = write_train_demo(result, out_dir) if writes_files(as_json) else []
+    wrote = write_train_demo(result, out_dir, fmt=fmt) if writes_files(as_json) else []
     if as_json:
         print_json(result.to_dict())
     else:

@@ -17,6 +17,7 @@ from lightrail.cli.options import (
     MAX_SWEEP_POINTS,
     NVLINK_DEFAULT,
     Alpha,
+    FigureFormat,
     GpusPerServer,
     HostsPerLeaf,
     JsonOut,
@@ -32,6 +33,7 @@ from lightrail.cli.options import (
     check_out,
     check_ranks,
     check_stragglar_work,
+    figure_suffix,
     old_spelling,
     parse_rank_range,
     parse_times,
@@ -190,7 +192,9 @@ def stragglar_sweep_cmd(
     at_ranks: Annotated[int | None, typer.Option("--at-ranks", help="Rank count of the speedup-vs-delay plot, one "
                                                  "of --ranks (default: 8 if listed, else the smallest).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for sweep.json, speedup-vs-ranks.png and "
-                                          "speedup-vs-delay.png.")] = Path("out/stragglar-sweep"),
+                                          "speedup-vs-delay.png (or .svg/.pdf, see --format).")]
+    = Path("out/stragglar-sweep"),
+    fmt: FigureFormat = "png",
     as_json: JsonOut = False,
 ):
     """StragglAR's speedup over Ring and over "wait, then the best algorithm" against the rank count
@@ -206,6 +210,7 @@ def stragglar_sweep_cmd(
     at_s = None if at is None else parse_time(at, field="--at-straggler-delay")
     rank_list = sorted(set(parse_rank_range(ranks)))
     names = list(dict.fromkeys(t.strip() for t in topologies.split(",") if t.strip()))
+    fmt = figure_suffix(fmt)
     check_out(out_dir if writes_files(as_json) else None)
     check_collective_size("allreduce", "stragglar", rank_list[-1])
     check_stragglar_work(rank_list, repeat=max(1, len(names)))
@@ -218,7 +223,7 @@ def stragglar_sweep_cmd(
         result = fabric_sweep(rank_list, delay_list, nbytes, names, bandwidth=rate, latency=hop, alpha=start,
                               gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, at_delay=at_s,
                               at_ranks=at_ranks, progress=step)
-    files = write_sweep(result, out_dir) if writes_files(as_json) else []
+    files = write_sweep(result, out_dir, fmt=fmt) if writes_files(as_json) else []
     if as_json:
         print_json(result.to_dict())
     else:

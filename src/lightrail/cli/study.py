@@ -150,6 +150,7 @@ def study_scaleup_cmd(
                                                show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV summary and plot.")]
     = Path("out/study-scaleup"),
+    fmt: FigureFormat = "png",
     html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
@@ -161,6 +162,7 @@ def study_scaleup_cmd(
     from lightrail.studies.scaleup import ScaleupParams, parse_trace, scaleup_study
     from lightrail.validation import read_bounded
 
+    fmt = figure_suffix(fmt)
     check_out(out_dir if writes_files(as_json, html) else None)
     if not mtbf_hours >= MIN_MTBF_HOURS:
         raise ScenarioError(f"{mtbf_hours} hours", field="--mtbf-hours",
@@ -190,7 +192,7 @@ def study_scaleup_cmd(
                                progress=lambda fab, done: progress.update(
                                    task, completed=done + (params.requests if fab == "photonic" else 0),
                                    description=f"scale-up: {fab}"))
-    files = write_study(result, out_dir) if writes_files(as_json, html) else []
+    files = write_study(result, out_dir, fmt=fmt) if writes_files(as_json, html) else []
     html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
@@ -216,6 +218,7 @@ def study_te_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the traffic, views and randomized slicer.")] = 0,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plots.")]
     = Path("out/study-te"),
+    fmt: FigureFormat = "png",
     html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
@@ -238,6 +241,7 @@ def study_te_cmd(
         check_count(len(values), field=flag, hi=MAX_SWEEP_POINTS, what="values")
         return values
 
+    fmt = figure_suffix(fmt)
     check_out(out_dir if writes_files(as_json, html) else None)
     check_count(matrices, field="--matrices", hi=MAX_MATRICES, what="traffic matrices")
     names = tuple(t.strip() for t in topologies.split(",") if t.strip())
@@ -270,7 +274,7 @@ def study_te_cmd(
     progress, task = progress_bar(total, "te study", as_json)
     with progress:
         result = sweep_te(base, sweep, progress=lambda done, _total: progress.update(task, completed=done))
-    files = write_study(result, out_dir) if writes_files(as_json, html) else []
+    files = write_study(result, out_dir, fmt=fmt) if writes_files(as_json, html) else []
     html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
@@ -296,6 +300,7 @@ def study_fl_cmd(
         "(replaces --jobs).", show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plot.")]
     = Path("out/study-fl"),
+    fmt: FigureFormat = "png",
     html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
@@ -321,6 +326,7 @@ def study_fl_cmd(
 
         return read_bounded(path, field=flag, what=f"a CSV file with the header {header}", limit=MAX_TRACE_BYTES)
 
+    fmt = figure_suffix(fmt)
     check_out(out_dir if writes_files(as_json, html) else None)
     check_count(clients, field="--clients", hi=MAX_CLIENTS, what="clients")
     check_count(jobs, field="--jobs", hi=MAX_JOBS, what="jobs")
@@ -353,7 +359,7 @@ def study_fl_cmd(
                       jobs=len(population.jobs) if population else jobs, seed=seed)
     with progress_steps(len(POLICIES), "fl study", as_json) as step:
         result = fl_study(params, POLICIES, population=population, progress=step)
-    files = write_study(result, out_dir) if writes_files(as_json, html) else []
+    files = write_study(result, out_dir, fmt=fmt) if writes_files(as_json, html) else []
     html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, check_out, print_json, progress_bar
+from lightrail.cli.options import FigureFormat, JsonOut, check_out, figure_suffix, print_json, progress_bar
 
 te_app = typer.Typer(no_args_is_help=True,
                      help="Decentralized WAN traffic engineering (Symphony): slice controllers, regularized TE, "
@@ -123,6 +123,7 @@ def te_run_cmd(
                                          "gives the top-level keys.")] = "randomized,contiguous,optimal",
     out_dir: Annotated[Path | None, typer.Option("--out", help="Also write JSON, CSV and CDF plots here.",
                                                  show_default=False)] = None,
+    fmt: FigureFormat = "png",
     as_json: JsonOut = False,
 ):
     """Slice controllers, each solving the whole WAN's TE on its own view of demand and programming the
@@ -130,13 +131,14 @@ def te_run_cmd(
     from lightrail.report.te import print_run, write_run
     from lightrail.studies.te import run_te
 
+    fmt = figure_suffix(fmt)
     check_out(out_dir)
     setup = te_setup(topology=topology, slices=slices, lam=lam, perturbation=perturbation, objective=objective,
                      paths=paths, load=load, seed=seed, matrices=matrices, traffic=traffic, slicers=slicers)
     progress, task = progress_bar(setup.matrices, f"te run: {topology}", as_json)
     with progress:
         run = run_te(setup, progress=lambda done, total: progress.update(task, completed=done))
-    files = write_run(run, out_dir) if out_dir is not None else []
+    files = write_run(run, out_dir, fmt=fmt) if out_dir is not None else []
     if as_json:
         print_json(run.to_dict())
     else:

@@ -47,11 +47,12 @@ def plot_calibration(cal: Calibration, path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_calibration(cal: Calibration, out_dir: Path, source: str) -> list[Path]:
+def write_calibration(cal: Calibration, out_dir: Path, source: str, *, fmt: str = "png") -> list[Path]:
+    """calibration.yaml, calibration.json and calibration.<fmt> in ``out_dir``."""
     out_dir = Path(out_dir)
     return [write_text(out_dir / "calibration.yaml", fragment_yaml(cal, source)),
             write_json(out_dir / "calibration.json", cal.to_dict()),
-            plot_calibration(cal, out_dir / "calibration.png")]
+            plot_calibration(cal, out_dir / f"calibration.{fmt}")]
 
 
 def print_calibration(cal: Calibration, console, written: list[Path]) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from lightrail.report.files import write_atomic, write_json, write_text
+from lightrail.report.files import write_json, write_text
 
 if TYPE_CHECKING:
     from lightrail.studies.fl import FlStudy
@@ -50,22 +50,26 @@ def _plot(result: FlStudy, path: Path) -> Path:
     for r in rows:
         x = np.sort(np.array(r.jct_s)) / 3600
         axes[2].step(x, np.arange(1, x.size + 1) / max(x.size, 1), where="post", label=r.policy)
+    for ax in axes[:2]:
+        ax.set_xlabel("scheduling policy")
     axes[2].set_xlabel("job completion time (h)")
-    axes[2].set_ylabel("CDF over jobs")
+    axes[2].set_ylabel("fraction of jobs (CDF, 0-1)")
     axes[2].legend(fontsize=8)
     for ax in axes:
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(f"Collaborative ML scheduling: {result.clients} clients, {result.jobs} jobs, seed {result.seed}"
                  f" ({result.source})")
     fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
-    return path
+    from lightrail.report.plots import _write
+
+    return _write(fig, path, dpi=110)
 
 
-def write_study(result: FlStudy, out_dir: Path) -> list[Path]:
-    """The plot, the CSV, then ``study-fl.json`` (each atomically); returns the paths."""
-    files = [Path(out_dir) / name for name in FL_FILES]
+def write_study(result: FlStudy, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """The plot (as ``fmt``), the CSV, then ``study-fl.json`` (each atomically); returns the paths."""
+    from lightrail.report.plots import figure_files
+
+    files = [Path(out_dir) / name for name in figure_files(FL_FILES, fmt)]
     _plot(result, files[2])
     write_text(files[1], summary_csv(result))
     write_json(files[0], result.to_dict())

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from lightrail.report.files import write_atomic, write_json
+from lightrail.report.files import write_json
 from lightrail.units import format_size
 
 __all__ = ["print_moe_bench", "write_moe_bench", "plot_moe_bench"]
@@ -59,17 +59,18 @@ def plot_moe_bench(result: dict, path: Path) -> Path:
     ax_b.bar(names, [r["bytes_on_wire"] / 2**20 for r in rows], color=colors)
     ax_b.set_ylabel("bytes on the wire, forward (MiB)")
     for ax in (ax_t, ax_b):
+        ax.set_xlabel("dispatch variant")
         ax.grid(True, axis="y", alpha=0.3)
     c = result["config"]
     fig.suptitle(f"MoE dispatch: {c['ranks']} ranks, {c['tokens']} tokens, {c['experts']} experts, "
                  f"top-{c['topk']}, hidden {c['hidden']} ({c['backend']}/{c['device']})", fontsize=10)
     fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    from lightrail.report.plots import _write
+
+    return _write(fig, path)
 
 
-def write_moe_bench(result: dict, out_dir: Path) -> list[Path]:
-    """``summary.json`` (the ``--json`` object) and ``moe-bench.png`` in ``out_dir``."""
+def write_moe_bench(result: dict, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """``summary.json`` (the ``--json`` object) and ``moe-bench.<fmt>`` in ``out_dir``."""
     out_dir = Path(out_dir)
-    return [write_json(out_dir / "summary.json", result), plot_moe_bench(result, out_dir / "moe-bench.png")]
+    return [write_json(out_dir / "summary.json", result), plot_moe_bench(result, out_dir / f"moe-bench.{fmt}")]

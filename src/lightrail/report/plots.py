@@ -13,8 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lightrail.report.files import write_atomic  # noqa: E402
 from lightrail.units import format_size  # noqa: E402
 
-__all__ = ["FORMATS", "figure_format", "plot_sweep", "plot_breakdown", "plot_delay_sweep", "plot_speedup_heatmaps",
-           "plot_straggler_run", "plot_straggler_speedups", "plot_train_demo", "plot_sweep_cells"]
+__all__ = ["FORMATS", "figure_format", "figure_files", "plot_sweep", "plot_breakdown", "plot_delay_sweep",
+           "plot_speedup_heatmaps", "plot_straggler_run", "plot_straggler_speedups", "plot_train_demo",
+           "plot_sweep_cells"]
 
 FORMATS = ("png", "svg", "pdf")
 """Static figure formats; a figure's format is its file's suffix."""
@@ -28,6 +29,12 @@ def figure_format(path) -> str:
 
         raise ScenarioError(f"cannot write a figure as {fmt!r}", field="--format", fix=f"use {', '.join(FORMATS)}")
     return fmt
+
+
+def figure_files(names: Sequence[str], fmt: str = "png") -> tuple[str, ...]:
+    """``names`` with each figure's ``.png`` swapped for ``.<fmt>``: the stem stays, so png outputs keep their names."""
+    fmt = figure_format(f"x.{fmt.lower().lstrip('.')}")
+    return tuple(n[:-4] + f".{fmt}" if n.endswith(".png") else n for n in names)
 
 
 def _write(fig, path, **kwargs) -> Path:

@@ -72,10 +72,10 @@ def print_train_demo(result: PhotonicDemoResult, console: Console, *, wrote: Seq
         console.print(f"wrote {', '.join(map(str, wrote))}")
 
 
-def write_train_demo(result: PhotonicDemoResult, out_dir: Path) -> list[Path]:
-    """``train-demo.json`` (``result.to_dict()``) and ``iterations.png`` in ``out_dir``, each written atomically."""
+def write_train_demo(result: PhotonicDemoResult, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """``train-demo.json`` (``result.to_dict()``) and ``iterations.<fmt>`` in ``out_dir``, each written atomically."""
     from lightrail.report.plots import plot_train_demo
 
     out_dir = Path(out_dir)
     return [write_json(out_dir / "train-demo.json", result.to_dict()),
-            plot_train_demo(result, out_dir / "iterations.png", title=train_demo_title(result))]
+            plot_train_demo(result, out_dir / f"iterations.{fmt}", title=train_demo_title(result))]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from lightrail.report.files import write_atomic, write_json, write_text
+from lightrail.report.files import write_json, write_text
 from lightrail.units import format_rate, format_size, format_time
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def _plot(result: ScaleupStudy, path: Path) -> Path:
         axes[1].bar(x, [row.bandwidth_by_size_Bps.get(s, 0) / 1e9 for s in sizes], width, label=row.fabric)
         axes[2].bar(x, [row.allreduce_by_size_s.get(s, 0) * 1e3 for s in sizes], width, label=row.fabric)
     sizes = sorted(result.electrical.acceptance_by_size)
-    for ax, label in zip(axes, ("acceptance", "slice bandwidth (GB/s per accelerator)",
+    for ax, label in zip(axes, ("acceptance (fraction of requests)", "slice bandwidth (GB/s per accelerator)",
                                 f"ring AllReduce of {format_size(result.allreduce_bytes)} (ms)"), strict=True):
         ax.set_xticks(range(len(sizes)), [str(s) for s in sizes])
         ax.set_xlabel("slice size (accelerators)")
@@ -62,14 +62,16 @@ def _plot(result: ScaleupStudy, path: Path) -> Path:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Scale-up slices: {result.racks} racks, {result.requests} requests, seed {result.seed}")
     fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return path
+    from lightrail.report.plots import _write
+
+    return _write(fig, path)
 
 
-def write_study(result: ScaleupStudy, out_dir: Path) -> list[Path]:
-    """The plot, the CSV summary, then ``scaleup.json`` (each atomically); returns the paths."""
-    files = [Path(out_dir) / name for name in SCALEUP_FILES]
+def write_study(result: ScaleupStudy, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """The plot (as ``fmt``), the CSV summary, then ``scaleup.json`` (each atomically); returns the paths."""
+    from lightrail.report.plots import figure_files
+
+    files = [Path(out_dir) / name for name in figure_files(SCALEUP_FILES, fmt)]
     _plot(result, files[2])
     write_text(files[1], summary_csv(result))
     write_json(files[0], result.to_dict())

@@ -83,11 +83,11 @@ def _sweep_title(result: StragglerSweep) -> str:
     return title + f", alpha {format_time(result.alpha_s) if result.alpha_s else '0'}"
 
 
-def write_sweep(result: StragglerSweep, out_dir: Path) -> list[Path]:
-    """Both plots, then ``sweep.json`` (each written atomically); returns the three paths."""
-    from lightrail.report.plots import plot_straggler_speedups
+def write_sweep(result: StragglerSweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """Both plots (as ``fmt``), then ``sweep.json`` (each written atomically); returns the three paths."""
+    from lightrail.report.plots import figure_files, plot_straggler_speedups
 
-    files = [Path(out_dir) / name for name in SWEEP_FILES]
+    files = [Path(out_dir) / name for name in figure_files(SWEEP_FILES, fmt)]
     plot_straggler_speedups(result.to_dict(), files[1], files[2], at_delay=result.at_delay_s,
                             at_ranks=result.at_ranks, title=_sweep_title(result))
     write_json(files[0], result.to_dict())

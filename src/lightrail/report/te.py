@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lightrail.report.files import write_atomic, write_json, write_text
+from lightrail.report.files import write_json, write_text
 from lightrail.studies.te import CONTROLLERS, TeRun, TeSweep
 from lightrail.te.decentral import METRICS
 
@@ -202,12 +202,11 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    """Lay out, write the PNG atomically, free the figure."""
-    plt = _pyplot()
+    """Lay out, write atomically in the file's format (png, svg or pdf), free the figure."""
+    from lightrail.report.plots import _write
+
     fig.tight_layout()
-    write_atomic(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return _write(fig, path)
 
 
 def _cdf(ax, values: np.ndarray, **style) -> None:
@@ -239,7 +238,7 @@ def _plot_run(run: TeRun, path: Path) -> Path:
                 if (slicer, c) in run.per_matrix:
                     _cdf(ax, 100 * run.per_matrix[slicer, c][metric], label=c, **_STYLE.get(c, {}))
             ax.set_xlabel(label)
-            ax.set_ylabel("fraction of traffic matrices")
+            ax.set_ylabel("fraction of traffic matrices (CDF, 0-1)")
             ax.set_ylim(0, 1.02)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8, loc="lower right")
@@ -249,6 +248,7 @@ def _plot_run(run: TeRun, path: Path) -> Path:
         bars = axes[2].bar(slicers, values, color=["#4C72B0", "#55A868", "#C44E52", "#8172B2"][: len(slicers)])
         for bar, v in zip(bars, values, strict=True):
             axes[2].text(bar.get_x() + bar.get_width() / 2, v, f"{v:.1f}%", ha="center", va="bottom", fontsize=8)
+        axes[2].set_xlabel("slicer")
         axes[2].set_ylabel("blast radius (% of traffic, mean)")
         axes[2].set_ylim(0, max(values + [1.0]) * 1.15)
         axes[2].grid(True, axis="y", alpha=0.3)
@@ -265,9 +265,11 @@ def _plot_run(run: TeRun, path: Path) -> Path:
 # ---- one run: files ----------------------------------------------------------------------------------------------
 
 
-def write_run(run: TeRun, out_dir: Path) -> list[Path]:
-    """te-run-cdf.png, te-run.csv, then te-run.json (each atomically); returns them as RUN_FILES orders them."""
-    files = [Path(out_dir) / name for name in RUN_FILES]
+def write_run(run: TeRun, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """te-run-cdf.<fmt>, te-run.csv, then te-run.json (each atomically); returns them as RUN_FILES orders them."""
+    from lightrail.report.plots import figure_files
+
+    files = [Path(out_dir) / name for name in figure_files(RUN_FILES, fmt)]
     _plot_run(run, files[2])
     write_text(files[1], rows_csv(run.rows()))
     write_json(files[0], run.to_dict())
@@ -358,7 +360,7 @@ def _plot_study_cdf(sweep: TeSweep, path: Path) -> Path:
         ax.set_title(f"{topology}: {s.slices} slices, lambda {s.lam:g}, +-{100 * s.perturbation:g}% "
                      f"({slicer} slicing)", fontsize=9)
         ax.set_xlabel("divergence overload (% of capacity)")
-        ax.set_ylabel("fraction of traffic matrices")
+        ax.set_ylabel("fraction of traffic matrices (CDF, 0-1)")
         ax.set_ylim(0, 1.02)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
@@ -366,6 +368,11 @@ def _plot_study_cdf(sweep: TeSweep, path: Path) -> Path:
         _empty(axes[0, 0], "no runs")
     fig.suptitle("Divergence overload over traffic matrices at each topology's base point", fontsize=11)
     return _save(fig, path)
+
+
+_FACTOR_AXES = {"lam": "lambda (regularizer weight, dimensionless)",
+                "perturbation": "perturbation (demand view error, % of demand)", "slices": "slices (count)"}
+"""Each swept factor's x-axis title, with its unit."""
 
 
 def _plot_study_sweep(sweep: TeSweep, path: Path) -> Path:
@@ -393,7 +400,7 @@ def _plot_study_sweep(sweep: TeSweep, path: Path) -> Path:
                 ax.set_xscale("symlog", linthresh=min(positive))
         ax.set_xticks(xs, [f"+-{100 * x:g}%" if factor == "perturbation" else f"{x:g}" for x in xs], fontsize=8)
         ax.minorticks_off()
-        ax.set_xlabel(label)
+        ax.set_xlabel(_FACTOR_AXES[factor])
         ax.set_ylabel("mean divergence overload (% of capacity)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
@@ -419,16 +426,19 @@ def _plot_study_blast(sweep: TeSweep, path: Path) -> Path:
         ax.legend(fontsize=8)
     else:
         _empty(ax, "no runs")
+    ax.set_xlabel("topology")
     ax.set_ylabel("blast radius (% of traffic, mean)")
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title("Blast radius per slicer at each topology's base point", fontsize=10)
     return _save(fig, path)
 
 
-def write_study(sweep: TeSweep, out_dir: Path) -> list[Path]:
-    """The three plots, study-te.csv, then study-te.json (each atomically); returns them as STUDY_FILES orders
-    them."""
-    files = [Path(out_dir) / name for name in STUDY_FILES]
+def write_study(sweep: TeSweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+    """The three plots (as ``fmt``), study-te.csv, then study-te.json (each atomically); returns them as
+    STUDY_FILES orders them."""
+    from lightrail.report.plots import figure_files
+
+    files = [Path(out_dir) / name for name in figure_files(STUDY_FILES, fmt)]
     _plot_study_cdf(sweep, files[2])
     _plot_study_sweep(sweep, files[3])
     _plot_study_blast(sweep, files[4])
