@@ -15,6 +15,7 @@ import itertools
 import json
 import random
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -734,7 +735,7 @@ def lease_harness_fixture():
 # --- a real controller process ----------------------------------------------------------------------------------------
 
 
-def _ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
+def _ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
@@ -754,16 +755,18 @@ def _ready(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
 
 @pytest.fixture
 def spawn(tmp_path):
-    """``spawn(state, *extra_args, env=None) -> (proc, ready info)``: ``lightrail controller serve`` on free ports
-    (2 rails of 8 ports, 5 ms switch) with a generated operator token (in the info); its JSON log goes to
-    ``tmp_path/controller-<n>.log``; every process is killed at teardown."""
+    """``spawn(state, *extra_args, port=0, admin_port=0, env=None) -> (proc, ready info)``: ``lightrail controller
+    serve`` (2 rails of 8 ports, 5 ms switch) on free ports unless given (a restart passes the first start's), with
+    a generated operator token (in the info) unless ``env`` sets ``LIGHTRAIL_OPERATOR_TOKEN``; its JSON log goes to
+    ``tmp_path/controller-<n>.log``; every process is killed at teardown (continued first, if a test stopped it)."""
     started = []
 
-    def start(state: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+    def start(state: Path, *extra: str, port: int = 0, admin_port: int = 0,
+              env: dict | None = None) -> tuple[subprocess.Popen, dict]:
         log = open(tmp_path / f"controller-{len(started)}.log", "w")  # noqa: SIM115 (closed at teardown)
-        proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0",
-                                 "--admin-port", "0", "--state", str(state), "--rails", "2", "--ports", "8",
-                                 "--ocs-delay", "5ms", *extra], stdout=subprocess.PIPE, stderr=log, text=True,
+        proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", str(port),
+                                 "--admin-port", str(admin_port), "--state", str(state), "--rails", "2", "--ports",
+                                 "8", "--ocs-delay", "5ms", *extra], stdout=subprocess.PIPE, stderr=log, text=True,
                                 env=env)
         started.append((proc, log))
         info = _ready(proc)
@@ -773,6 +776,7 @@ def spawn(tmp_path):
     yield start
     for proc, log in started:
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
             proc.kill()
         proc.wait(10)
         proc.stdout.close()

@@ -4,13 +4,10 @@ answered by the new controller, and a frozen one ends the waits in one line with
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import selectors
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,47 +24,14 @@ from lightrail.runtime.controller.client import ControllerClient  # noqa: E402
 OPERATOR = secrets.token_urlsafe(24)
 
 
-def _ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                line = proc.stdout.readline()
-                if not line:
-                    raise AssertionError(f"the controller exited ({proc.wait()}) before it was ready")
-                info = json.loads(line)
-                if info.get("event") == "ready":
-                    return info
-        raise AssertionError("no ready line within the timeout")
-    finally:
-        sel.close()
-
-
 @pytest.fixture
-def spawn(tmp_path):
-    """``start(state, port=0, admin_port=0)``: a controller process with a known operator token; all killed at
-    teardown (SIGCONT first, in case a test left one stopped)."""
-    started = []
-
+def spawn(spawn):
+    """conftest's ``spawn`` with this module's operator token (a restart keeps it) and, for a restart, the
+    first start's ports: ``spawn(state, port=0, admin_port=0)``."""
     def start(state: Path, port: int = 0, admin_port: int = 0) -> tuple[subprocess.Popen, dict]:
-        log = open(tmp_path / f"controller-{len(started)}.log", "w")  # closed at teardown
-        proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", str(port),
-                                 "--admin-port", str(admin_port), "--state", str(state), "--rails", "2", "--ports",
-                                 "8", "--ocs-delay", "5ms"], stdout=subprocess.PIPE, stderr=log, text=True,
-                                env={**os.environ, "LIGHTRAIL_OPERATOR_TOKEN": OPERATOR})
-        started.append((proc, log))
-        return proc, _ready(proc)
-
-    yield start
-    for proc, log in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-        proc.wait(10)
-        proc.stdout.close()
-        log.close()
+        return spawn(state, port=port, admin_port=admin_port,
+                     env={**os.environ, "LIGHTRAIL_OPERATOR_TOKEN": OPERATOR})
+    return start
 
 
 def _admin(info: dict) -> httpx.Client:
