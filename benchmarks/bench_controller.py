@@ -348,92 +348,215 @@ WIDE_RAIL = 64  # ports per rail in the --ranks mode (1,024 ranks: 16 rails of 6
 DROP_AFTER_S = 10.0  # an acquire not answered within this is counted as dropped
 
 
+class _PairRank(asyncio.Protocol):
+    """One emulated rank of the ``--ranks`` run: its connection, driven by callbacks (no task, future or
+    gather per request: the client processes share the 2 cores with the controller, so every microsecond
+    they spend is latency the run would count against the controller). Requests are pre-formatted bytes;
+    a reply is parsed and timestamped in ``data_received``, and handed to the rank's pair."""
+
+    def __init__(self, rank: int, on_reply):
+        self.rank, self.on_reply = rank, on_reply
+        self.buf = b""
+        self.writer: asyncio.Transport | None = None
+        self.pending: tuple[int, float] | None = None  # (id, sent) of the request in flight
+        self.next_id = 0
+        self.sent = 0  # acquires and releases (the measured loop's requests)
+        self.last_sent = time.perf_counter()
+        self.replies: dict[int, asyncio.Future] = {}  # set-up calls (hello, group) awaited by id
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.writer = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        lines = (self.buf + data).split(b"\n")
+        self.buf = lines.pop()
+        for line in lines:
+            reply = json.loads(line)
+            rid = reply.get("id")
+            fut = self.replies.pop(rid, None)
+            if fut is not None:
+                fut.set_result(reply)
+            elif self.pending is not None and rid == self.pending[0]:
+                sent = self.pending[1]
+                self.pending = None
+                self.on_reply(self, reply["ok"], now - sent)
+            # else: a heartbeat's reply, a push, or the reply to a request already counted as dropped
+
+    def connection_lost(self, exc) -> None:
+        for fut in self.replies.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"rank {self.rank}: the connection closed"))
+        if self.pending is not None:
+            self.pending = None
+            self.on_reply(self, False, None)
+
+    def send(self, line: bytes) -> None:
+        """Send one request line formatted with a fresh id (``%d`` in ``line``) and wait for its reply."""
+        self.next_id += 1
+        self.sent += 1
+        self.last_sent = now = time.perf_counter()
+        self.pending = (self.next_id, now)
+        self.writer.write(line % self.next_id)
+
+    def heartbeat(self) -> None:
+        self.next_id += 1
+        self.last_sent = time.perf_counter()
+        self.writer.write(b'{"id":%d,"op":"heartbeat"}\n' % self.next_id)
+
+    async def call(self, op: str, **fields) -> dict:
+        self.next_id += 1
+        fut = self.replies[self.next_id] = asyncio.get_running_loop().create_future()
+        self.writer.write(json.dumps({"id": self.next_id, "op": op, **fields}, separators=(",", ":")).encode()
+                          + b"\n")
+        reply = await fut
+        if not reply["ok"]:
+            raise RuntimeError(reply["error"])
+        return reply
+
+
+class _Pair:
+    """A pair's loop as a state machine: both acquire, both get the grant, both release, both get the reply,
+    (``pace`` seconds of compute,) again; ``rounds`` times or until ``deadline``."""
+
+    def __init__(self, job: str, a: int, b: int, rounds: int, warmup: int, pace: float, deadline: float,
+                 latencies: list[float], counts: dict, done: asyncio.Future):
+        self.rounds, self.warmup, self.pace, self.deadline = rounds, warmup, pace, deadline
+        self.latencies, self.counts, self.done = latencies, counts, done
+        key = f"p{a}"
+        self.acquire = {r: b'{"id":%%d,"op":"acquire","job":"%s","rank":%d,"key":"%s"}\n' % (job.encode(), r,
+                                                                                          key.encode()) for r in (a, b)}
+        self.release = {r: line.replace(b'"acquire"', b'"release"') for r, line in self.acquire.items()}
+        self.members: list[_PairRank] = []
+        self.round, self.phase, self.answered, self.got = 0, "acquire", 0, []
+
+    def start(self) -> None:
+        if self.round >= self.warmup + self.rounds or time.perf_counter() > self.deadline:
+            self.done.set_result(None)
+            return
+        self.phase, self.answered, self.got = "acquire", 0, []
+        for rk in self.members:
+            rk.send(self.acquire[rk.rank])
+
+    def on_reply(self, rk: _PairRank, ok: bool, latency: float | None) -> None:
+        if self.done.done():
+            return
+        self.answered += 1
+        if self.phase == "acquire":
+            if ok:
+                self.got.append(latency)
+            if self.answered < 2:
+                return
+            self.counts["dropped"] += 2 - len(self.got)
+            if self.round >= self.warmup:
+                self.latencies.extend(self.got)
+            self.phase, self.answered = "release", 0
+            for member in self.members:
+                member.send(self.release[member.rank])
+            return
+        if self.answered < 2:
+            return
+        self.round += 1
+        if self.pace:
+            asyncio.get_running_loop().call_later(self.pace, self.start)  # the pair's compute between collectives
+        else:
+            self.start()
+
+    def expire(self, before: float) -> None:
+        """Count a request unanswered since ``before`` as dropped, and stop the pair (its loop cannot go on)."""
+        if not self.done.done() and any(rk.pending is not None and rk.pending[1] < before for rk in self.members):
+            self.counts["dropped"] += sum(rk.pending is not None for rk in self.members) if self.phase == "acquire" \
+                else 0
+            for rk in self.members:
+                rk.pending = None
+            self.done.set_result(None)
+
+
 async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]], rounds: int, warmup: int,
                      time_limit: float, pace: float, barrier) -> dict:
     """One client process's share of the ranks: connect, hello, declare its pairs' groups, wait for the other
     processes (``barrier``), then run every pair's loop; returns its latencies and counts."""
     job = "bench-many"
-    mine = sorted(r for pair in pairs for r in pair)
-    ranks: dict[int, _Rank] = {}
-    last_sent = dict.fromkeys(mine, time.perf_counter())  # heartbeats from the first hello on: setup is slow
-    beats = {"sent": 0}
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    counts = {"dropped": 0, "heartbeats": 0}
+    machines: list[_Pair] = []
+    ranks: dict[int, _PairRank] = {}
+    for a, b in pairs:
+        pair = _Pair(job, a, b, rounds, warmup, pace, 0.0, latencies, counts, loop.create_future())
+        machines.append(pair)
+        for r in (a, b):
+            ranks[r] = _PairRank(r, pair.on_reply)
 
-    async def heartbeats() -> None:  # one task: a heartbeat for every rank that sent nothing for 0.5 s,
-        while True:                   # and requests unanswered for DROP_AFTER_S failed (dropped)
+    async def heartbeats() -> None:  # a heartbeat for every rank that sent nothing for 0.5 s (any request is a
+        while True:                   # sign of life), and pairs with a request unanswered for DROP_AFTER_S stopped
             now = time.perf_counter()
-            for r, rk in list(ranks.items()):
-                rk.expire(now - DROP_AFTER_S)
-                if now - last_sent[r] >= 0.5 and not rk.writer.is_closing():
-                    rk.send("heartbeat")
-                    last_sent[r] = now
-                    beats["sent"] += 1
+            for pair in machines:
+                pair.expire(now - DROP_AFTER_S)
+            for rk in ranks.values():
+                if now - rk.last_sent >= 0.5 and not rk.writer.is_closing():
+                    rk.heartbeat()
+                    counts["heartbeats"] += 1
             await asyncio.sleep(0.1)
 
-    beater = asyncio.create_task(heartbeats())
+    mine = sorted(ranks)
     for i in range(0, len(mine), 64):  # connect and say hello in batches (the controller's backlog is 1,024)
         batch = mine[i:i + 64]
-        for r, rk in zip(batch, await asyncio.gather(*(_connect(info, r) for r in batch)), strict=True):
-            ranks[r] = rk
-        await asyncio.gather(*(_call(ranks[r], "hello", job=job, rank=r, world=n, token=token,
-                                     ports={f"rail{r // WIDE_RAIL}": r % WIDE_RAIL}) for r in batch))
-    for a, b in pairs:
-        rail = f"rail{a // WIDE_RAIL}"
-        pa, pb = a % WIDE_RAIL, b % WIDE_RAIL
-        await _call(ranks[a], "group", job=job, key=f"p{a}", phase="dp", members=[a, b],
-                    circuits={rail: {str(pa): pb, str(pb): pa}})
-    latencies: list[float] = []
-    dropped = {"n": 0}
-
-    async def pair_loop(a: int, b: int, deadline: float) -> None:
-        key = f"p{a}"
-        for i in range(warmup + rounds):
-            if time.perf_counter() > deadline:
-                return
-            sent = [ranks[r].send("acquire", job=job, rank=r, key=key) for r in (a, b)]
-            last_sent[a] = last_sent[b] = sent[1][0]
-            got = await asyncio.gather(*(f for _, f in sent), return_exceptions=True)  # expire() bounds it
-            ok = [(t, g[0]) for (t, _), g in zip(sent, got, strict=True) if isinstance(g, tuple) and g[1]["ok"]]
-            dropped["n"] += 2 - len(ok)
-            if i >= warmup:
-                latencies.extend(at - t for t, at in ok)
-            released = [ranks[r].send("release", job=job, rank=r, key=key)[1] for r in (a, b)]
-            await asyncio.gather(*released, return_exceptions=True)
-            if pace:
-                await asyncio.sleep(pace)  # the pair's compute between two collectives
-
-    async def staggered(i: int, a: int, b: int, deadline: float) -> None:
-        if pace:
-            await asyncio.sleep(pace * i / len(pairs))
-        try:
-            await pair_loop(a, b, deadline)
-        except ConnectionError:  # the controller closed a connection: the rest of its acquires are dropped
-            pass
-
-    await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
+        await asyncio.gather(*(loop.create_connection(lambda r=r: ranks[r], info["host"], info["port"])
+                               for r in batch))
+        await asyncio.gather(*(ranks[r].call("hello", job=job, rank=r, world=n, token=token,
+                                             ports={f"rail{r // WIDE_RAIL}": r % WIDE_RAIL}) for r in batch))
+    beater = asyncio.create_task(heartbeats())
+    for pair, (a, b) in zip(machines, pairs, strict=True):
+        pair.members = [ranks[a], ranks[b]]
+        rail, pa, pb = f"rail{a // WIDE_RAIL}", a % WIDE_RAIL, b % WIDE_RAIL
+        await ranks[a].call("group", job=job, key=f"p{a}", phase="dp", members=[a, b],
+                            circuits={rail: {str(pa): pb, str(pb): pa}})
+    await loop.run_in_executor(None, barrier.wait)
     start, cpu = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(staggered(i, a, b, start + time_limit) for i, (a, b) in enumerate(pairs)))
+    sent_before = sum(rk.sent for rk in ranks.values())
+    for i, pair in enumerate(machines):
+        pair.deadline = start + time_limit
+        if pace:  # the pairs start spread over one period, as ranks of independent jobs would
+            loop.call_later(pace * i / len(machines), pair.start)
+        else:
+            pair.start()
+    await asyncio.gather(*(pair.done for pair in machines))
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     beater.cancel()
     for rk in ranks.values():
         rk.writer.close()
-    return {"latencies": latencies, "dropped": dropped["n"], "heartbeats": beats["sent"], "wall_s": wall,
+    return {"latencies": latencies, "dropped": counts["dropped"], "heartbeats": counts["heartbeats"],
+            "requests": sum(rk.sent for rk in ranks.values()) - sent_before + counts["heartbeats"], "wall_s": wall,
             "cpu_s": cpu}
+
+
+def _event_loop_run():
+    """uvloop's ``run`` where it is installed (the controller's own loop: the ``service`` extra), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, results) -> None:
     """A client process (multiprocessing target): its ranks in one asyncio loop."""
     try:
-        out = asyncio.run(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier))
+        out = _event_loop_run()(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier))
     except Exception as e:  # noqa: BLE001 (reported by the parent)
         barrier.abort()
         out = {"error": repr(e)}
     results.put(out)
 
 
-def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int) -> dict:
+def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int,
+          floor: bool = False) -> dict:
+    """The ``--ranks`` run against the controller in ``info`` (or, with ``floor``, against the minimal server)."""
     import multiprocessing
 
-    token = _register(info, "bench-many", n)
+    token = "floor" if floor else _register(info, "bench-many", n)
     pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
     if pace:  # the pairs start spread over one period, as ranks of independent jobs would
         pairs.sort(key=lambda p: (p[0] * 2654435761) % 2 ** 32)
@@ -443,34 +566,90 @@ def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace:
                                                     pace, barrier, results)) for k in range(procs)]
     for w in workers:
         w.start()
-    admin = f"http://{info['host']}:{info['admin_port']}"
+    admin = None if floor else f"http://{info['host']}:{info['admin_port']}"
     barrier.wait(timeout=time_limit)
-    requests_before, cpu_before, start = _requests(admin), _cpu_times(info["pid"]), time.perf_counter()
+    requests_before = _requests(admin) if admin else 0
+    cpu_before, start = _cpu_times(info["pid"]), time.perf_counter()
     parts = [results.get(timeout=time_limit + 120) for _ in workers]
     wall = time.perf_counter() - start
     user, system = (after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
-    cpu, handled = user + system, _requests(admin) - requests_before
-    for w in workers:
-        w.join(30)
     errors = [p["error"] for p in parts if "error" in p]
     if errors:
         raise RuntimeError(errors[0])
+    cpu = user + system
+    handled = _requests(admin) - requests_before if admin else sum(p["requests"] for p in parts)
+    for w in workers:
+        w.join(30)
     lat = sorted(x for p in parts for x in p["latencies"])
     expected = len(pairs) * 2 * rounds
     q = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))], 6) if lat else None  # noqa: E731
+    server = "floor_server" if floor else "controller"
     return {"ranks": n, "groups": len(pairs), "rounds": rounds, "warmup_rounds": warmup, "pace_s": pace,
             "client_processes": procs, "acquires": len(lat), "acquires_expected": expected,
             "dropped": max(sum(p["dropped"] for p in parts), expected - len(lat)),
             "p50_s": q(0.50), "p99_s": q(0.99), "max_s": round(lat[-1], 6) if lat else None,
             "rate_per_s": round(len(lat) * (warmup + rounds) / rounds / wall, 1) if lat else 0.0,
             "wall_s": round(wall, 3), "heartbeats_sent": sum(p["heartbeats"] for p in parts),
-            "requests_handled": handled, "controller_cpu_s": round(cpu, 3),
-            "controller_cpu_us_per_request": round(cpu / max(handled, 1) * 1e6, 1),
-            "controller_user_us_per_request": round(user / max(handled, 1) * 1e6, 1),
-            "controller_system_us_per_request": round(system / max(handled, 1) * 1e6, 1),
-            "controller_cpu_share": round(cpu / wall, 3),
+            "requests_handled": handled, f"{server}_cpu_s": round(cpu, 3),
+            f"{server}_cpu_us_per_request": round(cpu / max(handled, 1) * 1e6, 1),
+            f"{server}_user_us_per_request": round(user / max(handled, 1) * 1e6, 1),
+            f"{server}_system_us_per_request": round(system / max(handled, 1) * 1e6, 1),
+            f"{server}_cpu_share": round(cpu / wall, 3),
             "clients_cpu_us_per_request": round(sum(p["cpu_s"] for p in parts) / max(handled, 1) * 1e6, 1),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+# --- the floor: the same clients against a server that only pairs acquires ------------------------------------
+
+
+class _FloorProtocol(asyncio.Protocol):
+    """The least a rank-protocol server can do for the ``--ranks`` load: parse each JSON line, answer ``ok``, and
+    answer a pair's two acquires once both arrived. No identity, state, safety, metrics or persistence: its
+    latency is what this machine's loopback, event loop and emulated ranks allow any Python server."""
+
+    waiting: dict[str, tuple[asyncio.Transport, int]] = {}  # group key -> (transport, id) of its first acquire
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport, self.buf = transport, b""
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        lines = (self.buf + data).split(b"\n")
+        self.buf = lines.pop()
+        for line in lines:
+            m = json.loads(line)
+            if m["op"] != "acquire":
+                self.transport.write(b'{"id":%d,"ok":true}\n' % m["id"])
+                continue
+            first = self.waiting.pop(m["key"], None)
+            if first is None:
+                self.waiting[m["key"]] = (self.transport, m["id"])
+                continue
+            first[0].write(b'{"id":%d,"ok":true,"granted":true}\n' % first[1])
+            self.transport.write(b'{"id":%d,"ok":true,"granted":true}\n' % m["id"])
+
+
+def _floor_serve() -> None:
+    """Run the floor server (``--floor-server``, the child ``floor_server()`` starts): one ready line, then serve."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_FloorProtocol, "127.0.0.1", 0, backlog=2048)
+        print(json.dumps({"host": "127.0.0.1", "port": server.sockets[0].getsockname()[1]}), flush=True)
+        await asyncio.Event().wait()
+
+    _event_loop_run()(main())
+
+
+def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int) -> dict:
+    """The ``--ranks`` run against the floor server (same clients, same layout, same counts)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--floor-server"], stdout=subprocess.PIPE, text=True)
+    try:
+        info = {**json.loads(proc.stdout.readline()), "pid": proc.pid}
+        return _many(info, n, rounds, warmup, time_limit, pace, procs, floor=True)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _cpu_times(pid: int) -> tuple[float, float]:
@@ -487,7 +666,7 @@ def _requests(admin: str) -> float:
 
 
 def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, pace: float = 0.0,
-               procs: int = 2) -> dict:
+               procs: int = 2, with_floor: bool = True) -> dict:
     rails = -(-n // WIDE_RAIL)
     proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL)))
     info["pid"] = proc.pid
@@ -499,6 +678,11 @@ def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
                "controller_log_tail": _log_tail(tmp / "many.db")}
     out["controller_exit_code"] = _stop(proc)
     out["controller_startup_wall_s"] = round(wall, 3)
+    if with_floor:
+        try:
+            out["floor"] = floor(n, rounds, warmup, time_limit, pace, procs)
+        except Exception as e:  # noqa: BLE001 (reported in the JSON)
+            out["floor"] = {"error": repr(e)}
     out["target_p99_s"] = 0.020
     out["meets_target"] = out.get("p99_s") is not None and out["p99_s"] < 0.020 and out["dropped"] == 0
     out["machine"] = {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}
@@ -514,13 +698,18 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.0, help="--ranks: seconds each pair computes between rounds "
                         "(0: full rate, every pair back to back)")
     parser.add_argument("--client-procs", type=int, default=2, help="--ranks: client processes sharing the ranks")
+    parser.add_argument("--no-floor", action="store_true", help="--ranks: skip the run against the floor server")
+    parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_server:
+        _floor_serve()
+        return
     if args.ranks is not None:
         if not 2 <= args.ranks <= 65536:
             parser.error("--ranks must be in 2..65536")
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
             out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,
-                             args.pace, args.client_procs)
+                             args.pace, args.client_procs, with_floor=not args.no_floor)
         print(json.dumps(out, indent=2))
         return
     args.rounds = args.rounds or 300

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import importlib.util
 import itertools
 import json
 import random
@@ -771,6 +772,8 @@ def spawn(tmp_path):
         started.append((proc, log))
         info = _ready(proc)
         assert isinstance(info["startup_s"], float)  # reported, never asserted on
+        # the loop every served test runs on: uvloop (the extra "service" brings it), as in production
+        assert info["event_loop"] == ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
         return proc, info
 
     yield start

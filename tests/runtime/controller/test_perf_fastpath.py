@@ -325,3 +325,42 @@ def test_the_hot_ops_never_build_a_model(make, hello, monkeypatch):
     assert calls == []
     assert [r["id"] for r in replies[0]] == [1, 2] and replies[1][-1] == {"id": 2, "ok": True, "granted": True}
     assert replies[0][-1] == {"id": 2, "ok": True, "granted": True} and c.counters["grants"] == 1
+
+
+def test_a_waiting_members_grant_is_written_by_the_request_that_completes_the_group(make, hello):
+    """Rank 0 waits; rank 1's acquire grants both, and rank 0's reply is written inside that very request (no
+    loop turn: at 1,024 ranks a turn is a thousand other requests). A failure still reaches the waiter as a
+    done callback, one turn later: a ``hold``'s reply goes out before the error of the acquire it supersedes."""
+    import lightrail.runtime.controller.server as server_mod
+    from lightrail.runtime.controller.core import Waiter
+
+    async def go():
+        c, _ = make()
+        hello(c, "j", 0, 2, rail0=0)
+        hello(c, "j", 1, 2, rail0=1)
+        c.declare(Group(op="group", job="j", key="g", members=[0, 1], circuits={"rail0": {}}))
+        server = server_mod.RankServer(c, c.config)
+        replies: dict[int, list[dict]] = {0: [], 1: []}
+        conns = [server_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies[r].append(json.loads(d)),
+                                                "is_closing": lambda self: False})(), f"p{r}", 0.0, 0.0,
+                                 bound=("j", r)) for r in (0, 1)]
+        server.request(conns[0], b'{"id":7,"op":"acquire","job":"j","rank":0,"key":"g"}')
+        assert replies[0] == [] and isinstance(c.groups[("j", "g")].waiters[0][0], Waiter)
+        server.request(conns[1], b'{"id":8,"op":"acquire","job":"j","rank":1,"key":"g"}')
+        granted_in_request = list(replies[0])  # before any loop turn
+        server.request(conns[0], b'{"id":9,"op":"release","job":"j","rank":0,"key":"g"}')
+        server.request(conns[1], b'{"id":10,"op":"release","job":"j","rank":1,"key":"g"}')
+        # a failure: rank 0 waits again, then its own later acquire supersedes the wait
+        server.request(conns[0], b'{"id":11,"op":"acquire","job":"j","rank":0,"key":"g"}')
+        fut = c.groups[("j", "g")].waiters[0][0]
+        fut.set_exception(LightrailError("gone", field="key"))
+        failed_in_call = list(replies[0][3:])
+        await asyncio.sleep(0)
+        return granted_in_request, failed_in_call, replies
+
+    granted_in_request, failed_in_call, replies = asyncio.run(go())
+    assert granted_in_request == [{"id": 7, "ok": True, "granted": True}]
+    assert replies[1][0] == {"id": 8, "ok": True, "granted": True}
+    assert failed_in_call == []  # not written inside set_exception
+    assert replies[0][-1]["id"] == 11 and replies[0][-1]["ok"] is False
+    assert replies[0][-1]["error"]["message"] == "gone"

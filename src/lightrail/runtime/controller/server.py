@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lightrail.errors import InfeasibleError, LightrailError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
-from lightrail.runtime.controller.core import Controller
+from lightrail.runtime.controller.core import Controller, Waiter
 from lightrail.runtime.controller.protocol import (
     Acquire,
     Bye,
@@ -578,6 +578,8 @@ class RankServer:
 
         if fut.done():  # granted (or failed) by this very request: the last member of a lit group
             granted(fut)
+        elif isinstance(fut, Waiter):
+            fut.on_done = granted  # the grant is written as it happens (see Waiter)
         else:
             fut.add_done_callback(granted)
         self.metrics.request(m.op, time.perf_counter() - t0)
@@ -956,13 +958,14 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
                             fix="pick a free port, or 0 for any") from None
     lock.write(port=port, admin_port=admin_port, host=config.host)
     sweeper = asyncio.create_task(ranks.sweeper())
+    loop = asyncio.get_running_loop()
     info = {"host": config.host, "port": port, "admin_port": admin_port, "state": state_path,
             "devices": len(controller.devices), "max_connections": ranks.max_connections,
-            "heartbeat_timeout": config.heartbeat_timeout, "startup_s": round(time.perf_counter() - start, 4)}
+            "heartbeat_timeout": config.heartbeat_timeout, "startup_s": round(time.perf_counter() - start, 4),
+            "event_loop": type(loop).__module__.split(".")[0]}  # "uvloop" or "asyncio"
     _log("ready", **info, operator_token="generated" if generated else "given")
     ready({**info, "operator_token": token} if generated else info)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
@@ -983,5 +986,16 @@ def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
     check_startup(config, state_path)
     json_logging(log)
     ready = ready or (lambda info: print(json.dumps({"event": "ready", **info}), flush=True))
-    asyncio.run(_serve(config, state_path, ready))
+    event_loop_run()(_serve(config, state_path, ready))
+
+
+def event_loop_run():
+    """uvloop's ``run`` where uvloop is installed (the extra ``service`` brings it), else asyncio's: the same
+    asyncio API on libuv, measured here at half the CPU per request of the selector loop for a minimal
+    request-reply server with 1,024 connections (issue 17; ``benchmarks/bench_controller.py --floor``)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
