@@ -13,6 +13,11 @@ heartbeat when it sent nothing for 0.5 s (heartbeat_timeout / 4; any request is 
 dropped if it gets an error or no reply within 10 s; the run is bounded by ``--time-limit`` seconds.
 ``controller_cpu_us_per_request`` (the controller's user+system CPU time over the requests it handled) does not
 depend on what else the machine runs; the latencies do (on a shared 2-core machine they are an upper bound).
+The emulated ranks are callbacks on uvloop (no task or future per request), since they share the cores with the
+controller. At full rate every rank always has a request outstanding, so by Little's law a request waits about
+N / (requests per second): the latency measures the machine's throughput. ``floor`` (skip: ``--no-floor``) is
+the same run against the least a server can do (parse each line, answer, pair the acquires; no identity, state,
+safety or metrics): the latency any Python server on uvloop gets from this machine and these clients.
 
 Layout: rank r has NIC port r % 8 on rail r // 8 (8 ranks per rail, like GPU-local NICs of a rail-optimized
 cluster; 8 ranks use rail0 only, 64 ranks use rail0..rail7). Ranks are grouped in pairs on their rail, like
