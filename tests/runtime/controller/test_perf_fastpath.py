@@ -30,7 +30,7 @@ from lightrail.runtime.controller.protocol import (
 
 pytest.importorskip("prometheus_client")
 
-_FIELDS = ("id", "op", "job", "rank", "key", "lease", "rejoin", "world", "x")
+_FIELDS = ("id", "op", "job", "rank", "key", "lease", "rejoin", "op_no", "world", "x")
 _VALUES = st.one_of(
     st.sampled_from(["heartbeat", "acquire", "prepare", "release", "hello", "ack", "bye", "j", "", "p0", "\u00e9"]),
     st.integers(min_value=-(2 ** 64), max_value=2 ** 64), st.sampled_from([2 ** 63 - 1, -(2 ** 63), 2 ** 63]),
@@ -55,6 +55,8 @@ def _requests(draw) -> bytes:
             data["lease"] = draw(st.booleans())
         if op != "release" and draw(st.booleans()):
             data["rejoin"] = draw(st.booleans())
+        if op != "release" and draw(st.booleans()):
+            data["op_no"] = draw(st.integers(-2, 2 ** 63))
     for _ in range(draw(st.integers(0, 2))):
         what = draw(st.sampled_from(["set", "drop"]))
         name = draw(st.sampled_from(_FIELDS))
@@ -68,7 +70,7 @@ def _requests(draw) -> bytes:
 def _model_values(m) -> tuple:
     """Values with their types (``1 == True``, but a model's lease is a bool)."""
     values = (m.id, m.op, getattr(m, "job", None), getattr(m, "rank", None), getattr(m, "key", None),
-              getattr(m, "lease", False), getattr(m, "rejoin", False))
+              getattr(m, "lease", False), getattr(m, "rejoin", False), getattr(m, "op_no", None))
     return tuple((type(v), v) for v in values)
 
 
@@ -115,6 +117,8 @@ def test_edge_lines_get_the_models_answer(line):
     {"op": "heartbeat"}, {"id": 7, "op": "heartbeat"},
     {"id": 1, "op": "acquire", "job": "bench-many", "rank": 5, "key": "p4"},
     {"id": 2, "op": "prepare", "job": "j", "rank": 0, "key": "k", "lease": True},
+    {"id": 3, "op": "acquire", "job": "j", "rank": 1, "key": "pp:2->4", "lease": True, "op_no": 17},
+    {"id": 4, "op": "acquire", "job": "j", "rank": 1, "key": "k", "rejoin": True, "op_no": 2 ** 63 - 1},
     {"id": 2 ** 63 - 1, "op": "release", "job": "j", "rank": -(2 ** 63), "key": "k"},
 ])
 def test_the_clients_requests_take_the_fast_path(data):

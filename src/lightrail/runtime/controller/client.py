@@ -27,6 +27,12 @@ round restored by a peer's ``hold``), and, after a reconnect, a lease acquire (o
 is sent as ``hold`` (granted at once while the circuits are lit, per op: ``release`` after it) until a
 hold of that group is refused, when it acquires. Past the bound, every wait raises one ``InfeasibleError`` naming the
 controller (field ``controller``), never a hang.
+
+Op numbers: every ``acquire`` and ``hold`` carries ``op_no``, the n-th op this rank started on the key (an
+``acquire`` call, or an op ``enter`` let run under a lease; a re-send keeps its number, a refused acquire gives
+its number back). Members run the same ops in the same order, so the controller lets a re-sent acquire join a
+restored round only if a holder is inside that same op: one whose release and next acquire were both lost in
+the kill is for the next op, and joining early would deadlock the peer's own acquire for it.
 """
 
 from __future__ import annotations
@@ -132,6 +138,7 @@ class ControllerClient:
         self._declared: dict[str, dict] = {}  # key -> the group's fields, declared again on reconnect
         self._inside: set[str] = set()  # groups granted per op, not yet released (held again on reconnect)
         self._resync: set[str] = set()  # groups whose lease acquires are holds, since the last reconnect
+        self._op_no: dict[str, int] = {}  # key -> ops this rank started on it (``op_no`` of acquire and hold)
         self._closed = False
         self._dead: InfeasibleError | None = None
         self._done = False  # the bye was answered: a drop after it is the end, not a loss
@@ -210,7 +217,7 @@ class ControllerClient:
         """Send a hold in place of the lease ``acquire`` (under ``_lock``); a refusal sends the acquire and,
         while it waits, the hold again after ``RETRY_S``, doubling to 1 s (a peer's hold may light the round
         this rank must join: the hold then answers the caller, and the controller drops the acquire)."""
-        fields = {k: acquire.fields[k] for k in ("job", "rank", "key")}
+        fields = {k: acquire.fields[k] for k in ("job", "rank", "key", "op_no") if k in acquire.fields}
         self._write_locked(_Request(acquire.logical, "hold", fields, then=acquire, retry=retry))
 
     def _retry_later(self, acquire: _Request) -> None:
@@ -524,7 +531,8 @@ class ControllerClient:
             # grants the group, a lease acquire of it is a hold first (see _hold_first).
             self._resync = set(self._declared)
             for key in sorted(self._inside):
-                self._send_locked("hold", internal=True, job=self.job, rank=self.rank, key=key)
+                number = {"op_no": self._op_no[key]} if key in self._op_no else {}
+                self._send_locked("hold", internal=True, job=self.job, rank=self.rank, key=key, **number)
             seen: set[int] = set()
             for request in waiting:
                 if request.internal or request.op == "ack":
@@ -560,10 +568,12 @@ class ControllerClient:
 
     def forget_holds(self) -> None:
         """The controller reset the job's groups (a failover: no holders, no lease): drop this rank's leases
-        and per-op holds, and the errors of detached requests sent before it (stale)."""
+        and per-op holds, and the errors of detached requests sent before it (stale). Op numbers start again
+        (every rank, and the spare taking a rank over, counts the rebuilt job's ops from its checkpoint)."""
         with self._lock:
             self.leases.clear()
             self._inside.clear()
+            self._op_no.clear()
             with self._cond:
                 self._failed.clear()
 
@@ -585,6 +595,7 @@ class ControllerClient:
                 return False
             lease.ops += 1
             lease.in_op = True
+            self._op_no[key] = self._op_no.get(key, 0) + 1
             return True
 
     def leave(self, key: str) -> bool:
@@ -631,14 +642,20 @@ class ControllerClient:
     def acquire(self, key: str, *, lease: bool = False) -> dict:
         """Block until granted. With ``lease``, a reply carrying ``lease`` means the op about to run is
         the lease's first (``enter`` is not needed for it; ``leave`` is). After a reconnect, a lease acquire
-        is a ``hold`` while the controller accepts one (a per-op grant: ``release`` after the op)."""
-        if lease:
-            with self._lock:
-                resync = key in self._resync
-                request_id = self._send_locked("acquire", job=self.job, rank=self.rank, key=key, lease=True,
-                                               hold_first=resync)
+        is a ``hold`` while the controller accepts one (a per-op grant: ``release`` after the op). Each call is
+        this rank's next op on ``key`` (its ``op_no``)."""
+        with self._lock:
+            op_no = self._op_no[key] = self._op_no.get(key, 0) + 1
+            fields = {"job": self.job, "rank": self.rank, "key": key, **({"lease": True} if lease else {}),
+                      "op_no": op_no}
+            request_id = self._send_locked("acquire", hold_first=lease and key in self._resync, **fields)
+        try:
             return self.wait(request_id)
-        return self.call("acquire", job=self.job, rank=self.rank, key=key)
+        except ControllerError:
+            with self._lock:  # refused: no op started; the caller's next acquire is for this op again
+                if self._op_no.get(key) == op_no:
+                    self._op_no[key] = op_no - 1
+            raise
 
     def prepare(self, key: str, *, wait: bool = True) -> dict | None:
         if not wait:

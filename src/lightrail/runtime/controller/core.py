@@ -168,7 +168,12 @@ class GroupState:
     # A round restored by ``hold`` after a restart: the members in it (held, or joined by a ``rejoin`` acquire
     # whose grant of that round was lost in the kill); None for a round of this controller.
     restored: set[int] | None = None
+    # The op numbers (``op_no``) its holds were inside: a rejoining acquire joins only for one of them (an acquire
+    # already for a later op would run it one op early and deadlock its peers). Several when holds disagree (a
+    # lease's members may be an op apart); None while a hold without one (an older client) is in it: any joins.
+    restored_ops: set[int] | None = None
     rejoins: set[int] = field(default_factory=set)  # waiting acquires that carry ``rejoin``
+    rejoin_ops: dict[int, int] = field(default_factory=dict)  # their ``op_no`` (if they carry one; rank -> op)
     order: int = 0  # declaration order: ties in ready_since are scheduled in it (deterministic runs)
 
     def __post_init__(self) -> None:
@@ -400,7 +405,8 @@ class Controller:
                 self._schedule()
             return None
         self.intent[(m.job, m.rank)] = m.key
-        if m.op == "acquire" and getattr(m, "rejoin", False) and self._may_join(g, m.rank):
+        op_no = getattr(m, "op_no", None)
+        if m.op == "acquire" and getattr(m, "rejoin", False) and self._may_join(g, m.rank, op_no):
             fut = self._wait(g, m.rank)  # its grant of the round a peer restored by hold was lost: join it
             self._join(g, m.rank)
             if freed:
@@ -421,6 +427,10 @@ class Controller:
             g.acquirers.add(m.rank)
             (g.lease_asks.add if m.lease else g.lease_asks.discard)(m.rank)
             (g.rejoins.add if getattr(m, "rejoin", False) else g.rejoins.discard)(m.rank)
+            if op_no is None:  # a later hold lets it join only a round in the same op (see _may_join)
+                g.rejoin_ops.pop(m.rank, None)
+            else:
+                g.rejoin_ops[m.rank] = op_no
             fut = self._wait(g, m.rank)
         # Only a completed barrier or freed ports can make anything new possible. A rank back while
         # the group is still granted waits for the next round (the last release reschedules).
@@ -461,13 +471,14 @@ class Controller:
             self._schedule()
         return {}
 
-    def hold(self, job: str | Hold, rank: int | None = None, key: str | None = None) -> dict:
+    def hold(self, job: str | Hold, rank: int | None = None, key: str | None = None, op_no: int | None = None) -> dict:
         """A rank that reconnected (after a controller restart) inside an op on ``key``: it holds the group
         again, granted with its declared circuits, but only if they are lit now (no port dark, switching
-        or dead); otherwise an error naming ``key`` (the rank then acquires it). Takes (job, rank, key) or
-        the :class:`Hold` message."""
+        or dead); otherwise an error naming ``key`` (the rank then acquires it). Takes (job, rank, key,
+        op_no) or the :class:`Hold` message; ``op_no`` (the op it is inside) decides which rejoining
+        acquires join the restored round."""
         if isinstance(job, Hold):
-            job, rank, key = job.job, job.rank, job.key
+            job, rank, key, op_no = job.job, job.rank, job.key, job.op_no
         g = self._group(job, key, rank)
         self._check_alive(g)
         now = self.clock()
@@ -486,18 +497,24 @@ class Controller:
         g.acquirers.discard(rank)
         g.lease_asks.discard(rank)
         g.rejoins.discard(rank)
+        g.rejoin_ops.pop(rank, None)
         if g.status != GroupStatus.GRANTED:
             g.restored = set()  # a round restored by hold (not one this controller granted)
+            g.restored_ops = set()
         g.holders.add(rank)
         g.status = GroupStatus.GRANTED
         if g.restored is not None:
             g.restored.add(rank)
+            if op_no is None:
+                g.restored_ops = None  # an older client's hold: its op is unknown, so any rejoin joins (as before)
+            elif g.restored_ops is not None:
+                g.restored_ops.add(op_no)
         if g.lease is None:  # a per-op holder (a lease is tracked by its holders alone)
             g.intents.add(rank)
             self.intent[(job, rank)] = key
         self.log("hold", job=job, rank=rank, group=key)
         for r in sorted(g.rejoins):  # rejoining acquires that arrived before this hold join the round now
-            if r in g.waiters and self._may_join(g, r):
+            if r in g.waiters and self._may_join(g, r, g.rejoin_ops.get(r)):
                 self._join(g, r)
         if freed:
             self._schedule()
@@ -920,7 +937,7 @@ class Controller:
 
     def _grant(self, g: GroupState) -> None:
         g.status = GroupStatus.GRANTED
-        g.restored, g.rejoins = None, set()
+        g.restored, g.restored_ops, g.rejoins, g.rejoin_ops = None, None, set(), {}
         g.holders = set(g.acquirers)
         g.acquirers = set()  # acquires from now on are for the next round
         g.ready_since = 0.0
@@ -963,11 +980,16 @@ class Controller:
             fut.set_result({"lease": g.lease, "ops": g.ops.pop(rank), "until": until})
 
     @staticmethod
-    def _may_join(g: GroupState, rank: int) -> bool:
-        """A rejoining acquire joins at once: the group is granted per op in a round restored by ``hold`` and
-        ``rank`` has not been in that round (a peer is inside the op this rank's lost grant was for)."""
+    def _may_join(g: GroupState, rank: int, op_no: int | None) -> bool:
+        """A rejoining acquire joins at once: the group is granted per op in a round restored by ``hold``,
+        ``rank`` has not been in that round, and its op is one a holder is inside (a peer is inside the op
+        this rank's lost grant was for). An acquire for a later op (its release and next acquire were both
+        lost in the kill) waits for the next round: joining this one would run its op early and leave the
+        peer's own acquire for that op waiting on a round that never ends (issue 17 item 3). An unknown
+        number (either side an older client) joins, as before op numbers."""
         return (g.status == GroupStatus.GRANTED and g.lease is None and g.restored is not None
-                and rank not in g.restored and rank not in g.holders)
+                and rank not in g.restored and rank not in g.holders
+                and (op_no is None or g.restored_ops is None or op_no in g.restored_ops))
 
     def _join(self, g: GroupState, rank: int) -> None:
         """Grant ``rank``'s waiting acquire inside the restored round (its circuits are lit: it was held)."""
@@ -975,6 +997,7 @@ class Controller:
         g.acquirers.discard(rank)
         g.lease_asks.discard(rank)
         g.rejoins.discard(rank)
+        g.rejoin_ops.pop(rank, None)
         g.holders.add(rank)
         g.restored.add(rank)
         g.intents.add(rank)
@@ -1018,9 +1041,10 @@ class Controller:
         if len(g.intents) < len(g.members):
             g.ready_since = 0.0
         g.rejoins.discard(rank)
+        g.rejoin_ops.pop(rank, None)
         if g.status == GroupStatus.GRANTED and not g.holders and g.lease is None:
             g.status = GroupStatus.IDLE  # the round is over; ranks already back wait for the next barrier
-            g.restored = None
+            g.restored, g.restored_ops = None, None
             self._ready.add(g)
             if len(g.intents) == len(g.members):
                 g.ready_since = self.clock()
@@ -1066,7 +1090,7 @@ class Controller:
                     fut.set_exception(error)
             g.waiters.clear()
             g.intents, g.acquirers, g.holders, g.lease_asks = set(), set(), set(), set()
-            g.restored, g.rejoins = None, set()
+            g.restored, g.restored_ops, g.rejoins, g.rejoin_ops = None, None, set(), {}
             g.lease, g.revoking, g.ops, g.limit, g.ready_since = None, False, {}, {}, 0.0
             if g.status == GroupStatus.GRANTED:
                 g.status = GroupStatus.IDLE  # an APPLYING one settles on its own

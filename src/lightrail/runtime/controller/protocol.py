@@ -29,6 +29,7 @@ __all__ = ["Hello", "Heartbeat", "Group", "Acquire", "Release", "Ack", "Hold", "
 
 INT64 = (-(1 << 63), (1 << 63) - 1)  # what a rank's ids, ranks and ports may be (SQLite's INTEGER)
 MAX_DEPTH = 64  # JSON nesting levels a request may have (ours have 3)
+OP_NO = Field(default=None, ge=0, le=INT64[1])  # acquire's and hold's op number; absent (None): an older client
 
 
 class _Message(BaseModel):
@@ -85,7 +86,9 @@ class Acquire(_Message):
 
     With ``lease``, the grant is a lease (when every member asked for one): the rank keeps the
     circuits across ops, with no further request, until the controller revokes it. ``rejoin``: sent
-    before a controller restart and re-sent after it; it joins a round restored by ``hold`` at once.
+    before a controller restart and re-sent after it; it joins a round restored by ``hold`` at once, if that
+    round is in op ``op_no`` (the n-th op this rank started on ``key``; members run the same ops in the same
+    order, so equal numbers are the same op, and an acquire already for the next op waits for its round).
     """
 
     op: Literal["acquire", "prepare"]
@@ -94,6 +97,7 @@ class Acquire(_Message):
     key: str
     lease: bool = False
     rejoin: bool = False
+    op_no: int | None = OP_NO
 
 
 class Release(_Message):
@@ -135,12 +139,14 @@ class Revoke(BaseModel):
 
 
 class Hold(_Message):
-    """After a reconnect: the rank is inside an op on ``key`` (granted before the controller restarted)."""
+    """After a reconnect: the rank is inside an op on ``key`` (granted before the controller restarted),
+    its ``op_no``-th on it (see :class:`Acquire`)."""
 
     op: Literal["hold"]
     job: str
     rank: int
     key: str
+    op_no: int | None = OP_NO
 
 
 class Failover(BaseModel):
@@ -244,18 +250,18 @@ class Fast:
     holds exactly the values its model would (the same defaults), with the attributes the server and the
     core read. :func:`fast_request` returns one only for a line the model takes as it is."""
 
-    __slots__ = ("id", "op", "job", "rank", "key", "lease", "rejoin")
+    __slots__ = ("id", "op", "job", "rank", "key", "lease", "rejoin", "op_no")
 
     def __init__(self, id_: int, op: str, job: str | None = None, rank: int | None = None, key: str | None = None,
-                 lease: bool = False, rejoin: bool = False):
+                 lease: bool = False, rejoin: bool = False, op_no: int | None = None):
         self.id, self.op, self.job, self.rank, self.key, self.lease = id_, op, job, rank, key, lease
-        self.rejoin = rejoin
+        self.rejoin, self.op_no = rejoin, op_no
 
 
 # op -> (required fields, allowed fields) of the models on the fast path (kept equal to the models by a test)
 _FAST = {"heartbeat": (frozenset({"op"}), frozenset({"id", "op"})),
          "acquire": (frozenset({"op", "job", "rank", "key"}),
-                     frozenset({"id", "op", "job", "rank", "key", "lease", "rejoin"})),
+                     frozenset({"id", "op", "job", "rank", "key", "lease", "rejoin", "op_no"})),
          "release": (frozenset({"op", "job", "rank", "key"}), frozenset({"id", "op", "job", "rank", "key"}))}
 _FAST["prepare"] = _FAST["acquire"]
 _scan = json.JSONDecoder().scan_once  # the C scanner: one value at an index, no whitespace handling
@@ -290,11 +296,11 @@ def fast_request(line: bytes) -> Fast | None:
     if op == "heartbeat":
         return Fast(rid, op)
     job, rank, key, lease = data["job"], data["rank"], data["key"], data.get("lease", False)
-    rejoin = data.get("rejoin", False)
+    rejoin, op_no = data.get("rejoin", False), data.get("op_no")
     if type(job) is not str or type(key) is not str or not _plain_int(rank) or type(lease) is not bool \
-            or type(rejoin) is not bool:
+            or type(rejoin) is not bool or (op_no is not None and not (_plain_int(op_no) and op_no >= 0)):
         return None
-    return Fast(rid, op, job, rank, key, lease, rejoin)
+    return Fast(rid, op, job, rank, key, lease, rejoin, op_no)
 
 
 def request_id(line: bytes) -> int:
