@@ -36,12 +36,11 @@ def test_a_failed_ranks_port_moves_to_its_spares_in_every_circuit():
 
 
 def test_kill_flags_are_checked_before_any_work():
-    assert _failure(TINY, 1, 3, 2, ()) == Failure(3, 2)
-    assert _failure(TINY, 1, None, None, ()) is None
-    cases = [((TINY, 1, 3, None, ()), "--kill-at-step"), ((TINY, 1, None, 2, ()), "--kill-rank"),
-             ((TINY, 1, 8, 2, ()), "--kill-rank"), ((TINY, 1, 3, 4, ()), "--kill-at-step"),
-             ((TINY, -1, 3, 2, ()), "--spares"), ((TINY, 1, 3, 2, (2,)), "--kill-rank"),
-             ((DemoConfig(tp=2, pp=2, dp=1, steps=4), 1, 1, 2, ()), "--dp")]
+    assert _failure(TINY, 1, 3, 2) == Failure(3, 2)
+    assert _failure(TINY, 1, None, None) is None
+    cases = [((TINY, 1, 3, None), "--kill-at-step"), ((TINY, 1, None, 2), "--kill-rank"),
+             ((TINY, 1, 8, 2), "--kill-rank"), ((TINY, 1, 3, 4), "--kill-at-step"),
+             ((TINY, -1, 3, 2), "--spares"), ((DemoConfig(tp=2, pp=2, dp=1, steps=4), 1, 1, 2), "--dp")]
     for args, field in cases:
         with pytest.raises(ScenarioError) as e:
             _failure(*args)

@@ -20,6 +20,7 @@ from lightrail.cli.options import (
     writes_files,
 )
 from lightrail.defaults import RECONFIG_DELAY, Mode
+from lightrail.errors import ScenarioError
 from lightrail.units import parse_time
 
 DEFAULT_OCS_DELAY = f"{RECONFIG_DELAY * 1e3:g}ms"
@@ -35,6 +36,21 @@ def _leases(flag: bool | None) -> bool:
         err.print("note: LIGHTRAIL_LEASES=0 is now --no-leases", highlight=False)
         return False
     return True
+
+
+def parse_kill_steps(values: list[str] | None) -> tuple[int, ...]:
+    """``--kill-controller-at-step``, given several times or as a comma list, as whole steps; the range and
+    order are the library's to check (``photonic_demo._kills``), against the run's ``--steps``."""
+    steps = []
+    for value in values or ():
+        for part in value.split(","):
+            try:
+                steps.append(int(part.strip()))
+            except ValueError:
+                raise ScenarioError(f"{part.strip()!r} is not a step", field="--kill-controller-at-step",
+                                    fix="give whole steps, e.g. --kill-controller-at-step 3 "
+                                        "--kill-controller-at-step 9 (or 3,9)") from None
+    return tuple(steps)
 
 
 @app.command("train-demo")
@@ -55,10 +71,11 @@ def train_demo_cmd(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for train-demo.json and iterations.png.")]
     = Path("out/train-demo"),
     fmt: FigureFormat = "png",
-    kill_controller_at_step: Annotated[int | None, typer.Option(
-        "--kill-controller-at-step", help="Kill the controller (SIGKILL) once training completed this many steps "
-                                          "and start it again on the same state and ports; the ranks reconnect "
-                                          "(JSON: controller_restarts).")] = None,
+    kill_controller_at_step: Annotated[list[str] | None, typer.Option(
+        "--kill-controller-at-step", metavar="STEP[,STEP...]",
+        help="Kill the controller (SIGKILL) once training completed this many steps and start it again on the "
+             "same state and ports; the ranks reconnect (JSON: controller_restarts). Repeatable, or a comma "
+             "list, ascending; combines with --spares and --kill-rank.")] = None,
     spares: Annotated[int, typer.Option("--spares", help="Idle spare worker processes attached to the fabric; "
                                                          "one takes a failed rank's place (LUMION).")] = 0,
     kill_rank: Annotated[int | None, typer.Option("--kill-rank", help="Kill this rank's process (SIGKILL) at "
@@ -79,11 +96,11 @@ def train_demo_cmd(
     delay = parse_time(ocs_delay, field="--ocs-delay")
     mode = parse_mode(mode)
     leases = _leases(leases)
+    kill_steps = parse_kill_steps(kill_controller_at_step)
     with progress_steps(2, "train-demo", as_json) as step:
         result = run_photonic_demo(config, ocs_delay_s=delay, mode=mode, gpus_per_server=gpus_per_server,
                                    leases=leases, progress=step,
-                                   kill_controller_at_step=() if kill_controller_at_step is None
-                                   else kill_controller_at_step, spares=spares, kill_rank=kill_rank,
+                                   kill_controller_at_step=kill_steps, spares=spares, kill_rank=kill_rank,
                                    kill_at_step=kill_at_step)
     wrote = write_train_demo(result, out_dir, fmt=fmt) if writes_files(as_json) else []
     if as_json:

@@ -577,6 +577,8 @@ def _recovery_error(error: BaseException) -> bool:
 
 
 def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Failure | None, backend: str = "gloo",
+                         on_step: Callable[[int, int], None] | None = None,
+                         before_failure: Callable[[Agent | None], None] | None = None,
                          *, context: Agent | None = None, elastic: Elastic) -> dict:
     """Train as process ``proc`` of :func:`run_elastic` (rank ``proc``, or an idle spare for ``proc >= world``).
 
@@ -587,6 +589,10 @@ def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Fai
     notice: the next generation's groups are built on a fresh store prefix, the ranks agree on the
     last step every survivor completed, roll back to it, the spare receives the failed rank's state
     from its DP peer (a broadcast over the DP group), and training continues from there.
+
+    ``on_step(rank, step)`` runs after each completed step (logical rank: a spare reports as the rank it took
+    over); ``before_failure(agent)`` runs in the failing rank just before it dies (the train-demo waits there
+    for a controller restart to settle, see ``photonic_demo.ControllerKiller``).
     """
     if config.dp < 2:
         raise ScenarioError("a spare restores the failed rank's state from a DP replica, and dp is 1", field="--dp",
@@ -637,10 +643,14 @@ def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Fai
             try:
                 for step in range(start, config.steps):
                     if failure is not None and generation == 0 and rank == failure.rank and step == failure.step:
+                        if before_failure is not None:
+                            before_failure(agent)
                         elastic.mark("killed")
                         os.kill(os.getpid(), signal.SIGSTOP if failure.hang else signal.SIGKILL)
                     replica.step(step)
                     replica.snapshot(step)
+                    if on_step is not None:
+                        on_step(rank, step)
                     if record is not None and "t_first_step" not in record:
                         record["t_first_step"] = time.time()
             except Exception as e:  # noqa: BLE001 (sorted below; the traceback is not kept: it holds the groups)
@@ -770,10 +780,13 @@ class FailoverRun:
 
 
 def run_failover_demo(config: DemoConfig, *, spares: int, failure: Failure | None, backend: str = "gloo",
-                      init: Callable[[], Any] | None = None, timeout_s: float = 30.0) -> FailoverRun:
+                      init: Callable[[], Any] | None = None, timeout_s: float = 30.0,
+                      on_step: Callable[[int, int], None] | None = None,
+                      before_failure: Callable[[Agent | None], None] | None = None) -> FailoverRun:
     """Train ``config`` on ``config.world`` ranks plus ``spares`` idle spare processes (``run_elastic``);
     ``failure`` kills one rank's process at the start of a step. ``timeout_s`` bounds every gloo op (a
-    backstop: a rank blocked on a dead peer fails as soon as a peer drops its connections)."""
+    backstop: a rank blocked on a dead peer fails as soon as a peer drops its connections). ``on_step`` and
+    ``before_failure`` (picklable) are :func:`elastic_train_worker`'s."""
     if failure is not None:
         if not 0 <= failure.rank < config.world:
             raise ScenarioError(f"--kill-rank {failure.rank} is not a rank of {config.world}", field="--kill-rank",
@@ -787,7 +800,7 @@ def run_failover_demo(config: DemoConfig, *, spares: int, failure: Failure | Non
         raise ScenarioError("a spare restores the failed rank's state from a DP replica, and dp is 1", field="--dp",
                             fix="use --dp 2 or more with --spares")
     results, notices, marks = run_elastic(elastic_train_worker, config.world, spares, config, failure, backend,
-                                          init=init, timeout_s=timeout_s)
+                                          on_step, before_failure, init=init, timeout_s=timeout_s)
     recoveries = []
     for notice in notices:
         if notice.spare is None or notice.rank < 0:

@@ -573,6 +573,7 @@ class ControllerClient:
         with self._lock:
             self.leases.clear()
             self._inside.clear()
+            self._resync.clear()  # the rebuilt job's first rounds are granted by this controller: acquire, not hold
             self._op_no.clear()
             with self._cond:
                 self._failed.clear()
