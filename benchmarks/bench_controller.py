@@ -60,6 +60,7 @@ from pathlib import Path
 import httpx
 
 from lightrail.runtime.controller.client import ControllerClient
+from lightrail.runtime.controller.server import event_loop_run
 
 RAIL_WIDTH = 8  # ranks (NIC ports) per rail
 
@@ -537,19 +538,10 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
             "cpu_s": cpu}
 
 
-def _event_loop_run():
-    """uvloop's ``run`` where it is installed (the controller's own loop: the ``service`` extra), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-    return uvloop.run
-
-
 def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, results) -> None:
     """A client process (multiprocessing target): its ranks in one asyncio loop."""
     try:
-        out = _event_loop_run()(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier))
+        out = event_loop_run()(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier))
     except Exception as e:  # noqa: BLE001 (reported by the parent)
         barrier.abort()
         out = {"error": repr(e)}
@@ -643,7 +635,7 @@ def _floor_serve() -> None:
         print(json.dumps({"host": "127.0.0.1", "port": server.sockets[0].getsockname()[1]}), flush=True)
         await asyncio.Event().wait()
 
-    _event_loop_run()(main())
+    event_loop_run()(main())
 
 
 def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int) -> dict:
