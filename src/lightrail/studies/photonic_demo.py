@@ -418,7 +418,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | st
     kills, after_s = _kills(config, kill_controller_at_step, kill_controller_after_s)
     failure = _failure(config, spares, kill_rank, kill_at_step)
     if failure is not None and kills and kills[0] <= failure.step:
-        # A failover that follows a restart hung in 2 of 5 runs, then 0 of 14 (a survivor timed out waiting for a second
+        # A failover that follows a restart hung in 2 of 5 runs, then 0 of 18 (a survivor timed out waiting for a second
         # failover notice) even with ``forget_holds`` ending the hold-first mode: refused until that is found.
         raise ScenarioError(f"cannot kill the controller at step {kills[0]}, before rank {failure.rank}'s failover "
                             f"(--kill-at-step {failure.step}) is over", field="--kill-controller-at-step",
