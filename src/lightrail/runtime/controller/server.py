@@ -58,7 +58,8 @@ from lightrail.runtime.controller.protocol import (
 from lightrail.runtime.controller.store import Store
 from lightrail.web import json_logging, start_web
 
-__all__ = ["serve", "admin_app", "metrics_text", "require_service", "RankServer", "StateLock", "check_startup"]
+__all__ = ["serve", "admin_app", "metrics_text", "require_service", "RankServer", "StateLock", "check_startup",
+           "event_loop_run"]
 
 log = logging.getLogger("lightrail.controller")
 
@@ -992,7 +993,7 @@ def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
 def event_loop_run():
     """uvloop's ``run`` where uvloop is installed (the extra ``service`` brings it), else asyncio's: the same
     asyncio API on libuv, measured here at half the CPU per request of the selector loop for a minimal
-    request-reply server with 1,024 connections (issue 17; ``benchmarks/bench_controller.py --floor``)."""
+    request-reply server with 1,024 connections (issue 17; the ``floor`` of ``bench_controller.py --ranks``)."""
     try:
         import uvloop
     except ImportError:
