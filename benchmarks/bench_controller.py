@@ -178,17 +178,12 @@ def _controller_metrics(admin: str) -> dict:
 # --- asyncio client: one connection per rank -------------------------------------------------------------
 
 
-class _Rank(asyncio.Protocol):
-    """One emulated rank's connection, as an asyncio Protocol: a reply is matched to its request in
-    ``data_received`` and timestamped there (a StreamReader task per rank would add a task wake-up per reply,
-    client-side time the latencies would count against the controller)."""
+class _Lines(asyncio.Protocol):
+    """A JSON-lines connection with TCP_NODELAY (the emulated ranks' and the floor server's): each whole line
+    read is decoded and handed to ``message`` with the time it was read."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.next_id = 0
-        self.waiting: dict[int, tuple[float, asyncio.Future]] = {}  # id -> (sent, its future)
-        self.buf = b""
-        self.writer: asyncio.Transport | None = None
+    buf = b""
+    writer: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.writer = transport
@@ -199,10 +194,26 @@ class _Rank(asyncio.Protocol):
         lines = (self.buf + data).split(b"\n")
         self.buf = lines.pop()
         for line in lines:
-            reply = json.loads(line)
-            entry = self.waiting.pop(reply.get("id"), None)  # None: a push, or a request already timed out
-            if entry is not None and not entry[1].done():
-                entry[1].set_result((now, reply))
+            self.message(json.loads(line), now)
+
+    def message(self, message: dict, now: float) -> None:
+        raise NotImplementedError
+
+
+class _Rank(_Lines):
+    """One emulated rank's connection, as an asyncio Protocol: a reply is matched to its request in
+    ``data_received`` and timestamped there (a StreamReader task per rank would add a task wake-up per reply,
+    client-side time the latencies would count against the controller)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.next_id = 0
+        self.waiting: dict[int, tuple[float, asyncio.Future]] = {}  # id -> (sent, its future)
+
+    def message(self, reply: dict, now: float) -> None:
+        entry = self.waiting.pop(reply.get("id"), None)  # None: a push, or a request already timed out
+        if entry is not None and not entry[1].done():
+            entry[1].set_result((now, reply))
 
     def connection_lost(self, exc) -> None:
         for _, fut in self.waiting.values():  # the controller closed the connection (or died), or we did
@@ -354,7 +365,7 @@ WIDE_RAIL = 64  # ports per rail in the --ranks mode (1,024 ranks: 16 rails of 6
 DROP_AFTER_S = 10.0  # an acquire not answered within this is counted as dropped
 
 
-class _PairRank(asyncio.Protocol):
+class _PairRank(_Lines):
     """One emulated rank of the ``--ranks`` run: its connection, driven by callbacks (no task, future or
     gather per request: the client processes share the 2 cores with the controller, so every microsecond
     they spend is latency the run would count against the controller). Requests are pre-formatted bytes;
@@ -362,33 +373,22 @@ class _PairRank(asyncio.Protocol):
 
     def __init__(self, rank: int, on_reply):
         self.rank, self.on_reply = rank, on_reply
-        self.buf = b""
-        self.writer: asyncio.Transport | None = None
         self.pending: tuple[int, float] | None = None  # (id, sent) of the request in flight
         self.next_id = 0
         self.sent = 0  # acquires and releases (the measured loop's requests)
         self.last_sent = time.perf_counter()
         self.replies: dict[int, asyncio.Future] = {}  # set-up calls (hello, group) awaited by id
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.writer = transport
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        lines = (self.buf + data).split(b"\n")
-        self.buf = lines.pop()
-        for line in lines:
-            reply = json.loads(line)
-            rid = reply.get("id")
-            fut = self.replies.pop(rid, None)
-            if fut is not None:
-                fut.set_result(reply)
-            elif self.pending is not None and rid == self.pending[0]:
-                sent = self.pending[1]
-                self.pending = None
-                self.on_reply(self, reply["ok"], now - sent)
-            # else: a heartbeat's reply, a push, or the reply to a request already counted as dropped
+    def message(self, reply: dict, now: float) -> None:
+        rid = reply.get("id")
+        fut = self.replies.pop(rid, None)
+        if fut is not None:
+            fut.set_result(reply)
+        elif self.pending is not None and rid == self.pending[0]:
+            sent = self.pending[1]
+            self.pending = None
+            self.on_reply(self, reply["ok"], now - sent)
+        # else: a heartbeat's reply, a push, or the reply to a request already counted as dropped
 
     def connection_lost(self, exc) -> None:
         for fut in self.replies.values():
@@ -599,31 +599,23 @@ def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace:
 # --- the floor: the same clients against a server that only pairs acquires ------------------------------------
 
 
-class _FloorProtocol(asyncio.Protocol):
+class _FloorProtocol(_Lines):
     """The least a rank-protocol server can do for the ``--ranks`` load: parse each JSON line, answer ``ok``, and
     answer a pair's two acquires once both arrived. No identity, state, safety, metrics or persistence: its
     latency is what this machine's loopback, event loop and emulated ranks allow any Python server."""
 
     waiting: dict[str, tuple[asyncio.Transport, int]] = {}  # group key -> (transport, id) of its first acquire
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport, self.buf = transport, b""
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        lines = (self.buf + data).split(b"\n")
-        self.buf = lines.pop()
-        for line in lines:
-            m = json.loads(line)
-            if m["op"] != "acquire":
-                self.transport.write(b'{"id":%d,"ok":true}\n' % m["id"])
-                continue
-            first = self.waiting.pop(m["key"], None)
-            if first is None:
-                self.waiting[m["key"]] = (self.transport, m["id"])
-                continue
-            first[0].write(b'{"id":%d,"ok":true,"granted":true}\n' % first[1])
-            self.transport.write(b'{"id":%d,"ok":true,"granted":true}\n' % m["id"])
+    def message(self, m: dict, now: float) -> None:
+        if m["op"] != "acquire":
+            self.writer.write(b'{"id":%d,"ok":true}\n' % m["id"])
+            return
+        first = self.waiting.pop(m["key"], None)
+        if first is None:
+            self.waiting[m["key"]] = (self.writer, m["id"])
+            return
+        first[0].write(b'{"id":%d,"ok":true,"granted":true}\n' % first[1])
+        self.writer.write(b'{"id":%d,"ok":true,"granted":true}\n' % m["id"])
 
 
 def _floor_serve() -> None:

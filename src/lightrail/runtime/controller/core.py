@@ -386,7 +386,7 @@ class Controller:
         self._index(new)
         return {"key": m.key}
 
-    def acquire(self, m: Acquire) -> asyncio.Future | None:
+    def acquire(self, m: Acquire) -> Waiter | None:
         """Ask for a group; returns a future resolved on grant (with None for a per-op grant, else the
         reply's lease fields), or None for a prepare (and for a repeated acquire by a rank that
         already holds the group). A repeated acquire replaces the rank's earlier wait, whose future
@@ -1051,7 +1051,7 @@ class Controller:
             return True
         return g.status == GroupStatus.IDLE and was_complete  # its lit-for-prepare ports are no longer reserved
 
-    def _wait(self, g: GroupState, rank: int) -> asyncio.Future:
+    def _wait(self, g: GroupState, rank: int) -> Waiter:
         """A blocked acquire's future; an earlier one of the same rank on ``g`` fails with Superseded."""
         self._loop = loop = asyncio.get_running_loop()
         fut = Waiter(loop=loop)

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lightrail.errors import InfeasibleError, LightrailError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
-from lightrail.runtime.controller.core import Controller, Waiter
+from lightrail.runtime.controller.core import Controller
 from lightrail.runtime.controller.protocol import (
     Acquire,
     Bye,
@@ -579,10 +579,8 @@ class RankServer:
 
         if fut.done():  # granted (or failed) by this very request: the last member of a lit group
             granted(fut)
-        elif isinstance(fut, Waiter):
-            fut.on_done = granted  # the grant is written as it happens (see Waiter)
         else:
-            fut.add_done_callback(granted)
+            fut.on_done = granted  # the grant is written as it happens (see Waiter)
         self.metrics.request(m.op, time.perf_counter() - t0)
 
 
