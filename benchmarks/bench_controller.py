@@ -43,10 +43,12 @@ same rounds with 64 threads and blocking ControllerClient connections.
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -548,41 +550,117 @@ def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier,
     results.put(out)
 
 
-def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int,
-          floor: bool = False) -> dict:
-    """The ``--ranks`` run against the controller in ``info`` (or, with ``floor``, against the minimal server)."""
+NATIVE_SOURCE = Path(__file__).with_name("native") / "emulated_ranks.c"
+
+
+def native_ranks(tmp: Path) -> Path:
+    """emulated_ranks.c compiled with the machine's C compiler (``--native-ranks``); SystemExit(2) with one line if
+    there is none or it fails."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise SystemExit("bench_controller: --native-ranks needs a C compiler (cc, gcc or clang on PATH, or CC=...)")
+    binary = tmp / "emulated_ranks"
+    done = subprocess.run([cc, "-O2", "-o", str(binary), str(NATIVE_SOURCE)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_controller: compiling {NATIVE_SOURCE.name} with {cc} failed: "
+                         f"{done.stderr.strip().splitlines()[-1:]}")
+    return binary
+
+
+def _native_run(info, token, n, pairs, rounds, warmup, time_limit, binary, admin):
+    """The ranks as the native program: this process connects them, says hello and declares the pairs' groups on
+    blocking sockets, then hands the connections over (inherited descriptors) and runs the loops there."""
+    job = "bench-many"
+    socks = [socket.create_connection((info["host"], info["port"]), timeout=30) for _ in range(n)]
+    for sock in socks:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    files = [sock.makefile("rb") for sock in socks]
+
+    def ask(ranks: list[int], message) -> None:  # send every request first, then read the replies (one each)
+        for r in ranks:
+            socks[r].sendall(json.dumps(message(r), separators=(",", ":")).encode() + b"\n")
+        for r in ranks:
+            reply = json.loads(files[r].readline() or b"null")
+            if not (isinstance(reply, dict) and reply.get("ok")):
+                raise RuntimeError(f"rank {r}: {reply}")
+
+    try:
+        ask(list(range(n)), lambda r: {"id": 1, "op": "hello", "job": job, "rank": r, "world": n, "token": token,
+                                       "ports": {f"rail{r // WIDE_RAIL}": r % WIDE_RAIL}})
+        # each pair's first member declares its group, the second sends a heartbeat (a silent rank fails after
+        # heartbeat_timeout, 2 s: on a loaded machine the set-up of 1,024 connections can take that long)
+        ask(list(range(n)), lambda r: {"id": 2, "op": "heartbeat"} if r % 2 else {
+            "id": 2, "op": "group", "job": job, "key": f"p{r}", "phase": "dp", "members": [r, r + 1],
+            "circuits": {f"rail{r // WIDE_RAIL}": {str(r % WIDE_RAIL): (r + 1) % WIDE_RAIL,
+                                                   str((r + 1) % WIDE_RAIL): r % WIDE_RAIL}}})
+        spec = f"{n} {rounds} {warmup} {time_limit} {DROP_AFTER_S}\n" + "".join(
+            f"{socks[r].fileno()} {r} p{a} {job}\n" for a, b in pairs for r in (a, b))
+        requests_before = _requests(admin) if admin else 0
+        cpu_before = _cpu_times(info["pid"])
+        done = subprocess.run([str(binary)], input=spec.encode(), capture_output=True,
+                              pass_fds=[sock.fileno() for sock in socks], timeout=time_limit + 120)
+        cpu = tuple(after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+    finally:
+        for f, sock in zip(files, socks, strict=True):
+            f.close()
+            sock.close()
+    if done.returncode != 0:
+        return [{"error": done.stderr.decode(errors="replace").strip()[-500:]}], 0.0, cpu, requests_before
+    out = json.loads(done.stderr.decode().strip().splitlines()[-1])
+    latencies = list(array.array("d", done.stdout))
+    return [{**out, "latencies": latencies}], out["wall_s"], cpu, requests_before
+
+
+def _python_run(info, token, n, pairs, rounds, warmup, time_limit, pace, procs, admin):
+    """The ranks as ``procs`` Python client processes; their parts, the wall time, the server's CPU (user, system)
+    over the measured loops, and the controller's request count before them."""
     import multiprocessing
 
-    token = "floor" if floor else _register(info, "bench-many", n)
-    pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
     if pace:  # the pairs start spread over one period, as ranks of independent jobs would
-        pairs.sort(key=lambda p: (p[0] * 2654435761) % 2 ** 32)
+        pairs = sorted(pairs, key=lambda p: (p[0] * 2654435761) % 2 ** 32)
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(procs + 1), ctx.Queue()
     workers = [ctx.Process(target=_many_proc, args=(info, token, n, pairs[k::procs], rounds, warmup, time_limit,
                                                     pace, barrier, results)) for k in range(procs)]
     for w in workers:
         w.start()
-    admin = None if floor else f"http://{info['host']}:{info['admin_port']}"
     barrier.wait(timeout=time_limit)
     requests_before = _requests(admin) if admin else 0
     cpu_before, start = _cpu_times(info["pid"]), time.perf_counter()
     parts = [results.get(timeout=time_limit + 120) for _ in workers]
     wall = time.perf_counter() - start
-    user, system = (after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+    cpu = tuple(after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+    for w in workers:
+        w.join(30)
+    return parts, wall, cpu, requests_before
+
+
+def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int,
+          floor: bool = False, native: Path | None = None) -> dict:
+    """The ``--ranks`` run against the controller in ``info`` (or, with ``floor``, against the minimal server); with
+    ``native`` (the compiled emulated_ranks.c), the ranks are that program's instead of Python client processes."""
+    token = "floor" if floor else _register(info, "bench-many", n)
+    pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
+    admin = None if floor else f"http://{info['host']}:{info['admin_port']}"
+    if native is not None:
+        parts, wall, (user, system), requests_before = _native_run(info, token, n, pairs, rounds, warmup, time_limit,
+                                                                   native, admin)
+        procs = 0
+    else:
+        parts, wall, (user, system), requests_before = _python_run(info, token, n, pairs, rounds, warmup, time_limit,
+                                                                   pace, procs, admin)
     errors = [p["error"] for p in parts if "error" in p]
     if errors:
         raise RuntimeError(errors[0])
     cpu = user + system
     handled = _requests(admin) - requests_before if admin else sum(p["requests"] for p in parts)
-    for w in workers:
-        w.join(30)
     lat = sorted(x for p in parts for x in p["latencies"])
     expected = len(pairs) * 2 * rounds
     q = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))], 6) if lat else None  # noqa: E731
     server = "floor_server" if floor else "controller"
     return {"ranks": n, "groups": len(pairs), "rounds": rounds, "warmup_rounds": warmup, "pace_s": pace,
-            "client_processes": procs, "acquires": len(lat), "acquires_expected": expected,
+            "emulated_ranks": "python" if native is None else "native", "client_processes": procs,
+            "acquires": len(lat), "acquires_expected": expected,
             "dropped": max(sum(p["dropped"] for p in parts), expected - len(lat)),
             "p50_s": q(0.50), "p99_s": q(0.99), "max_s": round(lat[-1], 6) if lat else None,
             "rate_per_s": round(len(lat) * (warmup + rounds) / rounds / wall, 1) if lat else 0.0,
@@ -630,12 +708,13 @@ def _floor_serve() -> None:
     event_loop_run()(main())
 
 
-def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int) -> dict:
+def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int,
+          native: Path | None = None) -> dict:
     """The ``--ranks`` run against the floor server (same clients, same layout, same counts)."""
     proc = subprocess.Popen([sys.executable, __file__, "--floor-server"], stdout=subprocess.PIPE, text=True)
     try:
         info = {**json.loads(proc.stdout.readline()), "pid": proc.pid}
-        return _many(info, n, rounds, warmup, time_limit, pace, procs, floor=True)
+        return _many(info, n, rounds, warmup, time_limit, pace, procs, floor=True, native=native)
     finally:
         proc.kill()
         proc.wait()
@@ -655,12 +734,12 @@ def _requests(admin: str) -> float:
 
 
 def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, pace: float = 0.0,
-               procs: int = 2, with_floor: bool = True) -> dict:
+               procs: int = 2, with_floor: bool = True, native: Path | None = None) -> dict:
     rails = -(-n // WIDE_RAIL)
     proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL)))
     info["pid"] = proc.pid
     try:
-        out = _many(info, n, rounds, warmup, time_limit, pace, procs)
+        out = _many(info, n, rounds, warmup, time_limit, pace, procs, native=native)
         out["controller_metrics"] = _controller_metrics(f"http://{info['host']}:{info['admin_port']}")
     except Exception as e:  # noqa: BLE001 (reported in the JSON)
         out = {"ranks": n, "error": repr(e), "p99_s": None, "dropped": None,
@@ -669,7 +748,7 @@ def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
     out["controller_startup_wall_s"] = round(wall, 3)
     if with_floor:
         try:
-            out["floor"] = floor(n, rounds, warmup, time_limit, pace, procs)
+            out["floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native)
         except Exception as e:  # noqa: BLE001 (reported in the JSON)
             out["floor"] = {"error": repr(e)}
     out["target_p99_s"] = 0.020
@@ -688,6 +767,9 @@ def main() -> None:
                         "(0: full rate, every pair back to back)")
     parser.add_argument("--client-procs", type=int, default=2, help="--ranks: client processes sharing the ranks")
     parser.add_argument("--no-floor", action="store_true", help="--ranks: skip the run against the floor server")
+    parser.add_argument("--native-ranks", action="store_true", help="--ranks: emulate the ranks with native/"
+                        "emulated_ranks.c (compiled with cc) instead of Python client processes, so the emulator's "
+                        "own CPU distorts the latencies less")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_server:
@@ -696,9 +778,12 @@ def main() -> None:
     if args.ranks is not None:
         if not 2 <= args.ranks <= 65536:
             parser.error("--ranks must be in 2..65536")
+        if args.native_ranks and (args.pace or args.ranks % 2):
+            parser.error("--native-ranks runs full rate (no --pace) with an even --ranks")
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
+            native = native_ranks(Path(tmpdir)) if args.native_ranks else None
             out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,
-                             args.pace, args.client_procs, with_floor=not args.no_floor)
+                             args.pace, args.client_procs, with_floor=not args.no_floor, native=native)
         print(json.dumps(out, indent=2))
         return
     args.rounds = args.rounds or 300

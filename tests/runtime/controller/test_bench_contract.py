@@ -1,10 +1,12 @@
 """``benchmarks/bench_controller.py --ranks N`` keeps issue 17's contract: it prints one JSON object with ``p99_s`` and
 ``dropped`` (and the floor server's run beside the controller's, with the same keys). Run small here (16 ranks, 3
-rounds) as a real process against a real controller; the figures themselves are the benchmark's, never asserted."""
+rounds) as a real process against a real controller, with the Python emulated ranks and the native ones; the figures
+themselves are the benchmark's, never asserted."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +16,21 @@ import pytest
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_controller.py"
 
 
-def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped():
+@pytest.mark.parametrize("native", [False, True], ids=["python-ranks", "native-ranks"])
+def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(native):
     pytest.importorskip("uvicorn")
     pytest.importorskip("httpx")
+    if native and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        pytest.skip("--native-ranks needs a C compiler")
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1",
-                           "--time-limit", "120"], capture_output=True, text=True, timeout=300)
+                           "--time-limit", "120", *(["--native-ranks"] if native else [])],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert "error" not in out, out
+    assert out["emulated_ranks"] == ("native" if native else "python")
+    if native:  # counted from before the program starts: every acquire and release of the 4 rounds
+        assert out["requests_handled"] >= 16 * 4 * 2
     assert out["ranks"] == 16 and out["groups"] == 8 and out["dropped"] == 0
     assert out["acquires"] == out["acquires_expected"] == 16 * 3
     assert 0 < out["p50_s"] <= out["p99_s"] <= out["max_s"]
@@ -29,3 +38,10 @@ def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped():
     floor = out["floor"]
     assert "error" not in floor, floor
     assert floor["dropped"] == 0 and floor["acquires"] == 16 * 3 and 0 < floor["p99_s"]
+    assert floor["emulated_ranks"] == out["emulated_ranks"]
+
+
+def test_bench_controller_native_ranks_refuses_pace_in_one_line():
+    done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--native-ranks", "--pace", "0.1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--native-ranks" in done.stderr and "Traceback" not in done.stderr

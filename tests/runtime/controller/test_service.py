@@ -80,7 +80,9 @@ def test_service_ranks_barrier_state_metrics_and_sigterm(spawn, tmp_path, record
             list(pool.map(lambda c: c.release("dp"), ranks))
         # provisioned: release + prepare pipelined, then acquire
         list(pool.map(lambda c: c.prepare("pp"), ranks[:2]))
-        time.sleep(0.1)  # past the 5 ms switch: the acquires find pp lit (a grant without change)
+        deadline = time.monotonic() + 20  # past the 5 ms switch: the acquires find pp lit (a grant without change)
+        while _get(info, "/jobs")["train"]["groups"]["pp"]["status"] != "idle" and time.monotonic() < deadline:
+            time.sleep(0.01)  # "applying" until the switch settles (a loaded machine can delay that past 0.1 s)
         assert all(f.result(timeout=20)["granted"] for f in [pool.submit(c.acquire, "pp") for c in ranks[:2]])
         list(pool.map(lambda c: c.release("pp"), ranks[:2]))
     with pytest.raises(ControllerError) as e:
