@@ -65,6 +65,7 @@ from lightrail.runtime.controller.client import ControllerClient
 from lightrail.runtime.controller.server import event_loop_run
 
 RAIL_WIDTH = 8  # ranks (NIC ports) per rail
+OUT = Path("out/bench")
 
 
 def _command(state: Path, delay: str = "0", extra: tuple[str, ...] = ()) -> list[str]:
@@ -482,9 +483,10 @@ class _Pair:
 
 
 async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]], rounds: int, warmup: int,
-                     time_limit: float, pace: float, barrier) -> dict:
+                     time_limit: float, pace: float, barrier, go) -> dict:
     """One client process's share of the ranks: connect, hello, declare its pairs' groups, wait for the other
-    processes (``barrier``), then run every pair's loop; returns its latencies and counts."""
+    processes (``barrier``) and for the parent to start its measurement (``go``), then run every pair's loop; returns
+    its latencies and counts."""
     job = "bench-many"
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
@@ -522,6 +524,8 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
         await ranks[a].call("group", job=job, key=f"p{a}", phase="dp", members=[a, b],
                             circuits={rail: {str(pa): pb, str(pb): pa}})
     await loop.run_in_executor(None, barrier.wait)
+    if not await loop.run_in_executor(None, go.wait, time_limit):
+        raise TimeoutError("the benchmark did not start the loops")
     start, cpu = time.perf_counter(), time.process_time()
     sent_before = sum(rk.sent for rk in ranks.values())
     for i, pair in enumerate(machines):
@@ -540,10 +544,10 @@ async def _many_part(info: dict, token: str, n: int, pairs: list[tuple[int, int]
             "cpu_s": cpu}
 
 
-def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, results) -> None:
+def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, go, results) -> None:
     """A client process (multiprocessing target): its ranks in one asyncio loop."""
     try:
-        out = event_loop_run()(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier))
+        out = event_loop_run()(_many_part(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier, go))
     except Exception as e:  # noqa: BLE001 (reported by the parent)
         barrier.abort()
         out = {"error": repr(e)}
@@ -619,17 +623,18 @@ def _python_run(info, token, n, pairs, rounds, warmup, time_limit, pace, procs, 
     if pace:  # the pairs start spread over one period, as ranks of independent jobs would
         pairs = sorted(pairs, key=lambda p: (p[0] * 2654435761) % 2 ** 32)
     ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(procs + 1), ctx.Queue()
+    barrier, go, results = ctx.Barrier(procs + 1), ctx.Event(), ctx.Queue()
     workers = [ctx.Process(target=_many_proc, args=(info, token, n, pairs[k::procs], rounds, warmup, time_limit,
-                                                    pace, barrier, results)) for k in range(procs)]
+                                                    pace, barrier, go, results)) for k in range(procs)]
     for w in workers:
         w.start()
     barrier.wait(timeout=time_limit)
     requests_before = _requests(admin) if admin else 0
     cpu_before, start = _cpu_times(info["pid"]), time.perf_counter()
+    go.set()  # the loops start only now: the counts above are from before their first request
     parts = [results.get(timeout=time_limit + 120) for _ in workers]
-    wall = time.perf_counter() - start
     cpu = tuple(after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+    wall = max((p["wall_s"] for p in parts if "wall_s" in p), default=time.perf_counter() - start)  # the loops'
     for w in workers:
         w.join(30)
     return parts, wall, cpu, requests_before
@@ -757,6 +762,31 @@ def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
     return out
 
 
+SWEEP_PACES = (0.4, 0.2, 0.1, 0.07, 0.05, 0.035, 0.025, 0.0)  # --sweep: each pair's compute between rounds (s)
+
+
+def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, procs: int,
+               paces: tuple[float, ...] = SWEEP_PACES) -> dict:
+    """Latency against offered load at ``n`` ranks (``--sweep``): one run per pace, each on a fresh controller, from a
+    slow one up to full rate (pace 0, the ``--ranks`` run). Answers "up to what acquire rate does one controller keep
+    p99 under the target?", which full rate alone cannot: there, by Little's law, the latency is set by the
+    throughput."""
+    points = []
+    for i, pace in enumerate(paces):
+        (tmp / f"pace{i}").mkdir()
+        run = many_ranks(tmp / f"pace{i}", n, rounds, warmup, time_limit, pace, procs, with_floor=False)
+        points.append({k: run.get(k) for k in ("pace_s", "rate_per_s", "p50_s", "p99_s", "max_s", "dropped",
+                                                "acquires", "acquires_expected", "controller_cpu_share", "error")})
+        print(f"pace {pace} s: {run.get('rate_per_s')} acquires/s, p99 {run.get('p99_s')} s", file=sys.stderr)
+    target = 0.020
+    meeting = [p["rate_per_s"] for p in points if p["p99_s"] is not None and p["p99_s"] < target and p["dropped"] == 0]
+    full = points[-1] if paces[-1] == 0 else None
+    return {"ranks": n, "rounds": rounds, "target_p99_s": target, "points": points,
+            "max_rate_meeting_target_per_s": max(meeting, default=None),
+            "p99_s": full["p99_s"] if full else None, "dropped": sum(p["dropped"] or 0 for p in points),
+            "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default 300; 50 with --ranks)")
@@ -770,6 +800,10 @@ def main() -> None:
     parser.add_argument("--native-ranks", action="store_true", help="--ranks: emulate the ranks with native/"
                         "emulated_ranks.c (compiled with cc) instead of Python client processes, so the emulator's "
                         "own CPU distorts the latencies less")
+    parser.add_argument("--sweep", action="store_true", help="--ranks: latency against offered load (one run per "
+                        "pace, up to full rate); writes out/bench/controller-load.{json,png}")
+    parser.add_argument("--paces", default=",".join(map(str, SWEEP_PACES)),
+                        help="--sweep: the paces, seconds, comma-separated (0: full rate)")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_server:
@@ -780,6 +814,27 @@ def main() -> None:
             parser.error("--ranks must be in 2..65536")
         if args.native_ranks and (args.pace or args.ranks % 2):
             parser.error("--native-ranks runs full rate (no --pace) with an even --ranks")
+        if args.sweep:
+            if args.native_ranks or args.pace:
+                parser.error("--sweep sets the pace itself, with the Python emulated ranks")
+            try:
+                paces = tuple(sorted({float(p) for p in args.paces.split(",")}, reverse=True))
+            except ValueError:
+                parser.error(f"--paces {args.paces!r}: give seconds, comma-separated, e.g. 0.1,0.05,0")
+            if not all(0 <= p <= 60 for p in paces):
+                parser.error(f"--paces {args.paces!r}: each in 0..60 s")
+            with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
+                out = load_sweep(Path(tmpdir), args.ranks, args.rounds or 20, args.warmup, args.time_limit,
+                                 args.client_procs, paces)
+            from lightrail.report.files import write_json
+            from lightrail.report.plots import plot_controller_load
+
+            write_json(OUT / "controller-load.json", out)
+            plot_controller_load(out["points"], OUT / "controller-load.png", out["target_p99_s"],
+                                 f"{args.ranks} emulated ranks on loopback, pairs, lit circuits "
+                                 f"({os.cpu_count()} cores shared with the emulator)")
+            print(json.dumps(out, indent=2))
+            return
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
             native = native_ranks(Path(tmpdir)) if args.native_ranks else None
             out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,

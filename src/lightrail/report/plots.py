@@ -407,3 +407,24 @@ def plot_train_demo(result, path: Path, *, title: str) -> Path:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
+
+
+def plot_controller_load(points: Sequence[dict], path: Path, target_s: float, title: str) -> Path:
+    """The controller's acquire latency (p50, p99) against the acquire rate it served, one point per offered load
+    (``bench_controller.py --sweep``), with the p99 target: where the curve turns up is the controller's capacity."""
+    points = sorted((p for p in points if p.get("p99_s") is not None), key=lambda p: p["rate_per_s"])
+    rates = [p["rate_per_s"] for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(rates, [p["p99_s"] * 1e3 for p in points], marker="o", ms=4, label="p99")
+    ax.plot(rates, [p["p50_s"] * 1e3 for p in points], marker="o", ms=4, linestyle="--", label="p50")
+    ax.axhline(target_s * 1e3, color="grey", lw=0.8, linestyle="-.", label=f"target p99 {target_s * 1e3:g} ms")
+    for p in points:
+        ax.annotate("full rate" if p["pace_s"] == 0 else f"pace {p['pace_s'] * 1e3:g} ms",
+                    (p["rate_per_s"], p["p99_s"] * 1e3), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xlabel("acquires served per second")
+    ax.set_ylabel("acquire latency, request to grant (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    return _save(fig, path)

@@ -45,3 +45,22 @@ def test_bench_controller_native_ranks_refuses_pace_in_one_line():
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--native-ranks", "--pace", "0.1"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--native-ranks" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bench_controller_sweep_writes_latency_against_load(tmp_path):
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("matplotlib")
+    done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1", "--sweep",
+                           "--paces", "0,0.02"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert [p["pace_s"] for p in out["points"]] == [0.02, 0.0]  # slowest first, full rate last
+    assert all(p["error"] is None and p["dropped"] == 0 and p["acquires"] == 16 * 3 for p in out["points"])
+    assert out["p99_s"] == out["points"][-1]["p99_s"] and out["dropped"] == 0
+    meeting = [p["rate_per_s"] for p in out["points"] if p["p99_s"] < out["target_p99_s"]]
+    assert out["max_rate_meeting_target_per_s"] == max(meeting, default=None)
+    assert json.loads((tmp_path / "out/bench/controller-load.json").read_text()) == out
+    assert (tmp_path / "out/bench/controller-load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--sweep", "--paces", "0,fast"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "--paces" in bad.stderr and "Traceback" not in bad.stderr
