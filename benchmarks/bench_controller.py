@@ -2,7 +2,8 @@
 64 ranks on loopback, without OCS delay (``--ocs-delay 0``). Prints one JSON object; asserts nothing about speed.
 
 Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
-     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50]
+     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-ranks]
+     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 --sweep   # latency against offered load
 
 ``--ranks N`` (issue 17's contract: prints ``p99_s`` and ``dropped``, with ``p50_s``, ``rate_per_s``, ``ranks``,
 ``groups``): N emulated ranks on loopback, one connection each, in 64-port rails (N/2 pair groups whose circuits are
@@ -18,6 +19,11 @@ controller. At full rate every rank always has a request outstanding, so by Litt
 N / (requests per second): the latency measures the machine's throughput. ``floor`` (skip: ``--no-floor``) is
 the same run against the least a server can do (parse each line, answer, pair the acquires; no identity, state,
 safety or metrics): the latency any Python server on uvloop gets from this machine and these clients.
+``--native-ranks`` runs the same pair loops in ``native/emulated_ranks.c`` (compiled with the machine's ``cc``) on
+connections this script opened and greeted: a few microseconds of CPU per request instead of 12-17, so on a 2-core
+machine the figures are the server's more than the emulator's. ``--sweep`` runs the Python ranks at a series of
+paces up to full rate, each on a fresh controller, and reports the highest acquire rate whose p99 met the 20 ms
+target (out/bench/controller-load.{json,png}).
 
 Layout: rank r has NIC port r % 8 on rail r // 8 (8 ranks per rail, like GPU-local NICs of a rail-optimized
 cluster; 8 ranks use rail0 only, 64 ranks use rail0..rail7). Ranks are grouped in pairs on their rail, like

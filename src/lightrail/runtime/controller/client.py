@@ -87,6 +87,7 @@ class _Request:
     then: _Request | None = None  # a hold standing in for this lease acquire (after a reconnect; see acquire)
     retry: bool = False  # such a hold sent while the acquire waits
     backoff: float = 0.0  # an acquire's wait before its next such hold
+    stale: bool = False  # a hold sent before a failover push: its reply is ignored (``interrupt`` released it)
 
 
 class _Closer:
@@ -310,7 +311,7 @@ class ControllerClient:
         now = time.perf_counter()
         with self._cond:
             request = self._pending.pop(message["id"], None)
-        if request is None:
+        if request is None or request.stale:
             return
         op, key, ok = request.op, request.fields.get("key"), message.get("ok")
         if request.then is not None:  # a hold in place of a lease acquire: granted per op, or acquire after all
@@ -535,7 +536,7 @@ class ControllerClient:
                 self._send_locked("hold", internal=True, job=self.job, rank=self.rank, key=key, **number)
             seen: set[int] = set()
             for request in waiting:
-                if request.internal or request.op == "ack":
+                if request.internal or request.stale or request.op == "ack":
                     continue  # a heartbeat or a re-declaration of the lost connection; an ack of a lease gone
                 if request.then is not None:  # a hold standing in for an acquire: send (for) the acquire
                     request = request.then
@@ -558,13 +559,28 @@ class ControllerClient:
     def interrupt(self, error: dict) -> None:
         """Answer every acquire and prepare a caller waits on with ``error`` (a reply's ``error`` object): news
         from a push (a failover) makes them moot, and a request the controller took after resetting the job's
-        groups would wait for peers that are rebuilding."""
-        with self._cond:
-            for wire, request in list(self._pending.items()):
-                if request.op in ("acquire", "prepare") and not request.detached and not request.internal:
-                    del self._pending[wire]
-                    self._replies[request.logical] = {"id": wire, "ok": False, "error": error}
-            self._cond.notify_all()
+        groups would wait for peers that are rebuilding. A caller waiting on a hold (after a reconnect) is
+        answered too, and every acquire and hold already on the wire is followed by a ``release`` of its group:
+        one the controller takes after the reset would otherwise make this rank a holder (or waiter) of the
+        rebuilt job's first round, which it never releases, so its peer's acquire waits for ever."""
+        with self._lock:
+            sent: set[str] = set()
+            with self._cond:
+                for wire, request in list(self._pending.items()):
+                    if request.op not in ("acquire", "prepare", "hold") or request.detached:
+                        continue
+                    if wire > 0 and request.op in ("acquire", "hold"):
+                        sent.add(request.fields["key"])
+                    if request.op == "hold":  # its reply, a grant or a refusal, must not send the acquire
+                        request.stale = True
+                        if request.then is not None and not request.retry:  # the caller waits on it alone
+                            self._replies[request.logical] = {"id": wire, "ok": False, "error": error}
+                    elif not request.internal:
+                        del self._pending[wire]
+                        self._replies[request.logical] = {"id": wire, "ok": False, "error": error}
+                self._cond.notify_all()
+            for key in sorted(sent):
+                self._send_locked("release", internal=True, job=self.job, rank=self.rank, key=key)
 
     def forget_holds(self) -> None:
         """The controller reset the job's groups (a failover: no holders, no lease): drop this rank's leases
