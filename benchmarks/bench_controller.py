@@ -407,13 +407,14 @@ class _PairRank(_Lines):
             self.pending = None
             self.on_reply(self, False, None)
 
-    def send(self, line: bytes) -> None:
-        """Send one request line formatted with a fresh id (``%d`` in ``line``) and wait for its reply."""
+    def send(self, line: bytes, *numbers: int) -> None:
+        """Send one request line formatted with a fresh id (the first ``%d`` in ``line``; ``numbers`` fill the
+        others) and wait for its reply."""
         self.next_id += 1
         self.sent += 1
         self.last_sent = now = time.perf_counter()
         self.pending = (self.next_id, now)
-        self.writer.write(line % self.next_id)
+        self.writer.write(line % (self.next_id, *numbers))
 
     def heartbeat(self) -> None:
         self.next_id += 1
@@ -440,9 +441,11 @@ class _Pair:
         self.rounds, self.warmup, self.pace, self.deadline = rounds, warmup, pace, deadline
         self.latencies, self.counts, self.done = latencies, counts, done
         key = f"p{a}"
-        self.acquire = {r: b'{"id":%%d,"op":"acquire","job":"%s","rank":%d,"key":"%s"}\n' % (job.encode(), r,
+        # ControllerClient's lines: an acquire carries its op number (the rank's n-th op on the key), a release not
+        self.release = {r: b'{"id":%%d,"op":"release","job":"%s","rank":%d,"key":"%s"}\n' % (job.encode(), r,
                                                                                           key.encode()) for r in (a, b)}
-        self.release = {r: line.replace(b'"acquire"', b'"release"') for r, line in self.acquire.items()}
+        self.acquire = {r: line.replace(b'"release"', b'"acquire"').replace(b'}\n', b',"op_no":%d}\n')
+                        for r, line in self.release.items()}
         self.members: list[_PairRank] = []
         self.round, self.phase, self.answered, self.got = 0, "acquire", 0, []
 
@@ -452,7 +455,7 @@ class _Pair:
             return
         self.phase, self.answered, self.got = "acquire", 0, []
         for rk in self.members:
-            rk.send(self.acquire[rk.rank])
+            rk.send(self.acquire[rk.rank], self.round + 1)
 
     def on_reply(self, rk: _PairRank, ok: bool, latency: float | None) -> None:
         if self.done.done():

@@ -5,6 +5,7 @@
  * per request (the Python ones 12-17), so on a 2-core machine the latencies measure the server, not the
  * emulator that shares the cores with it.
  *
+ * The lines are ControllerClient's: an acquire carries its op number (op_no), a release not.
  * stdin:  "N ROUNDS WARMUP TIME_LIMIT_S DROP_AFTER_S\n", then N lines "FD RANK KEY JOB" (pairs: lines 2i, 2i+1).
  * stdout: the measured acquires' latencies in seconds (request written -> reply read), native doubles.
  * stderr: one JSON line: wall_s, cpu_s, acquires, dropped, heartbeats, requests.
@@ -56,9 +57,10 @@ static void put(Rank *r, const char *line, int len) {
     if (write(r->fd, line, len) != len) fail("write failed", r->rank);
 }
 
-static void send_request(Rank *r, const char *template) {
-    char line[LINE + 32];
-    int len = snprintf(line, sizeof line, template, ++r->next_id);
+/* One request: the template's first %ld is a fresh id, its second (an acquire's op_no) the pair's round + 1. */
+static void send_request(Rank *r, const char *template, long op_no) {
+    char line[LINE + 64];
+    int len = snprintf(line, sizeof line, template, ++r->next_id, op_no);
     r->pending = r->next_id;
     r->sent = r->last_sent = now();
     requests++;
@@ -78,8 +80,8 @@ static void start(Pair *p) {
         return;
     }
     p->phase = p->answered = p->got = 0;
-    send_request(&ranks[p->a], ranks[p->a].acquire);
-    send_request(&ranks[p->b], ranks[p->b].acquire);
+    send_request(&ranks[p->a], ranks[p->a].acquire, p->round + 1);
+    send_request(&ranks[p->b], ranks[p->b].acquire, p->round + 1);
 }
 
 static void on_reply(Rank *r, int ok, double latency) {
@@ -94,8 +96,8 @@ static void on_reply(Rank *r, int ok, double latency) {
             for (int i = 0; i < p->got; i++) latencies[n_latencies++] = p->latency[i];
         p->phase = 1;
         p->answered = 0;
-        send_request(&ranks[p->a], ranks[p->a].release);
-        send_request(&ranks[p->b], ranks[p->b].release);
+        send_request(&ranks[p->a], ranks[p->a].release, 0);
+        send_request(&ranks[p->b], ranks[p->b].release, 0);
         return;
     }
     if (p->answered < 2) return;
@@ -168,7 +170,8 @@ int main(void) {
             return 2;
         }
         r->pair = i / 2;
-        snprintf(r->acquire, LINE, "{\"id\":%%ld,\"op\":\"acquire\",\"job\":\"%s\",\"rank\":%d,\"key\":\"%s\"}\n",
+        snprintf(r->acquire, LINE,
+                 "{\"id\":%%ld,\"op\":\"acquire\",\"job\":\"%s\",\"rank\":%d,\"key\":\"%s\",\"op_no\":%%ld}\n",
                  job, r->rank, key);
         snprintf(r->release, LINE, "{\"id\":%%ld,\"op\":\"release\",\"job\":\"%s\",\"rank\":%d,\"key\":\"%s\"}\n",
                  job, r->rank, key);

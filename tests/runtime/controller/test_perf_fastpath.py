@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from lightrail.errors import LightrailError
 from lightrail.runtime.controller.protocol import (
+    _CANONICAL,
     _FAST,
     Acquire,
     Group,
@@ -126,6 +127,49 @@ def test_the_clients_requests_take_the_fast_path(data):
     for compact in (True, False):
         fast = fast_request(_line(data, compact))
         assert fast is not None and _model_values(fast) == _model_values(parse_request(_line(data, compact)))
+
+
+_PRINTABLE = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(op=st.sampled_from(["acquire", "prepare", "release"]), rid=st.integers(0, 10 ** 18 - 1), job=_PRINTABLE,
+       rank=st.integers(0, 10 ** 18 - 1), key=_PRINTABLE, lease=st.booleans(),
+       op_no=st.one_of(st.none(), st.integers(0, 10 ** 18 - 1)))
+def test_the_clients_own_lines_skip_the_json_scan_with_the_models_values(op, rid, job, rank, key, lease, op_no):
+    """ControllerClient's acquire/prepare/release lines (compact, its field order) are matched whole by
+    _CANONICAL unless a string needs an escape; either way the values are the models'."""
+    data = {"id": rid, "op": op, "job": job, "rank": rank, "key": key}
+    if op != "release":
+        data |= ({"lease": True} if lease else {}) | ({} if op_no is None else {"op_no": op_no})
+    line = json.dumps(data, separators=(",", ":")).encode()
+    canonical = _CANONICAL.fullmatch(line) is not None
+    assert canonical == ('"' not in job + key and "\\" not in job + key)
+    fast = fast_request(line)
+    assert fast is not None or not canonical  # a '[' or '{' in a string sends an escaped line to the models
+    assert fast is None or _model_values(fast) == _model_values(parse_request(line))
+
+
+@pytest.mark.parametrize("line", [
+    b'{"id":01,"op":"acquire","job":"j","rank":0,"key":"k"}', b'{"id":1,"op":"acquire","job":"j","rank":-1,"key":"k"}',
+    b'{"id":1,"op":"release","job":"j","rank":0,"key":"k","op_no":1}',
+    b'{"id":1,"op":"release","job":"j","rank":0,"key":"k","lease":true}',
+    b'{"id":1000000000000000000,"op":"acquire","job":"j","rank":0,"key":"k"}',
+    b'{"id":1,"op":"acquire","job":"\\u00e9","rank":0,"key":"k"}', b'{"id":1,"op":"acquire","job":"\xc3\xa9","rank":0}',
+])
+def test_lines_near_the_clients_form_are_left_to_the_json_path(line):
+    """A leading zero, a negative rank, a release with acquire-only fields, 19 digits, an escape: not _CANONICAL's
+    (the JSON path or the models decide, as before)."""
+    m = _CANONICAL.fullmatch(line)
+    fast = fast_request(line)
+    if m is not None:  # matched, but a release with lease/op_no: still the models' answer
+        assert fast is None
+    try:
+        model = parse_request(line)
+    except LightrailError:
+        assert fast is None
+        return
+    assert fast is None or _model_values(fast) == _model_values(model)
 
 
 def test_the_fast_fields_are_the_models_fields():

@@ -271,12 +271,27 @@ def _plain_int(v: object) -> bool:
     return type(v) is int and INT64[0] <= v <= INT64[1]
 
 
+# The acquire, prepare and release lines ControllerClient writes (compact json.dumps, fields in its order, ASCII
+# strings without escapes, non-negative ints of at most 18 digits: within int64), matched whole. Such a line decodes
+# to exactly the groups (no escape, no duplicate field, no coercion), so it needs no JSON scan: ~0.8 µs, not ~2.7.
+_CANONICAL = re.compile(rb'\{"id":(0|[1-9][0-9]{0,17}),"op":"(acquire|prepare|release)",'
+                        rb'"job":"([\x20\x21\x23-\x5b\x5d-\x7e]*)","rank":(0|[1-9][0-9]{0,17}),'
+                        rb'"key":"([\x20\x21\x23-\x5b\x5d-\x7e]*)"(,"lease":true)?(?:,"op_no":(0|[1-9][0-9]{0,17}))?\}')
+_OPS = {b"acquire": "acquire", b"prepare": "prepare", b"release": "release"}
+
+
 def fast_request(line: bytes) -> Fast | None:
-    """The hot ops in ~2 µs instead of ~10: a flat object (one ``{``, no ``[``: depth 1, whatever the strings
-    hold) whose fields have exactly the model's types (no coercion, ints within int64), else None and the
-    caller runs :func:`parse_request`, whose answer (a model or the error) is then the same as ever. Every
-    check here only narrows what the models accept, so a line taken here is one the models take with the
-    same values."""
+    """The hot ops in ~1-2 µs instead of ~10: the client's own lines by :data:`_CANONICAL`, else a flat object
+    (one ``{``, no ``[``: depth 1, whatever the strings hold) whose fields have exactly the model's types (no
+    coercion, ints within int64), else None and the caller runs :func:`parse_request`, whose answer (a model or
+    the error) is then the same as ever. Every check here only narrows what the models accept, so a line taken
+    here is one the models take with the same values."""
+    m = _CANONICAL.fullmatch(line)
+    if m is not None:
+        rid, op, job, rank, key, lease, op_no = m.groups()
+        if op != b"release" or (lease is None and op_no is None):  # a release has neither: the models name them
+            return Fast(int(rid), _OPS[op], job.decode(), int(rank), key.decode(), lease is not None, False,
+                        None if op_no is None else int(op_no))
     if line.count(b"{") != 1 or b"[" in line:
         return None
     try:
