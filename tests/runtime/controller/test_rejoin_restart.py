@@ -79,7 +79,9 @@ def test_a_grant_lost_in_the_kill_joins_the_round_its_peer_holds(spawn, tmp_path
 
 
 def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_errors(spawn, tmp_path):  # noqa: F811
-    """The public calls torch_backend's failover handling uses (it reached into the client's fields before)."""
+    """The public calls torch_backend's failover handling uses (it reached into the client's fields before). An
+    acquire between the two fails at once: a caller that checked for news just before the push arrived would
+    otherwise send a request of the failed generation after ``interrupt`` gave back the ones on the wire."""
     _, info = spawn(tmp_path / "c.db")
     token = _register(info, "train", 2)
     ranks = [ControllerClient("127.0.0.1", info["port"], job="train", rank=r, token=token, timeout=20,
@@ -96,6 +98,11 @@ def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_err
             ranks[0].wait(waiting)
         assert e.value.kind == "Failover" and e.value.field == "rank" and "rank 1 failed" in e.value.message
         assert ranks[0].heartbeat()["ok"]  # the connection is untouched
+        sent = ranks[0].requests
+        with pytest.raises(ControllerError) as e:  # until the rank takes the news in, an acquire is stale at once
+            ranks[0].acquire("pair", lease=True)
+        assert e.value.kind == "Failover" and ranks[0].requests == sent  # nothing went out
+        ranks[0].forget_holds()  # the rebuilt job: acquires again
         with ThreadPoolExecutor(2) as pool:
             replies = [f.result(20) for f in [pool.submit(c.acquire, "pair", lease=True) for c in ranks]]
         assert all("lease" in r for r in replies) and ranks[0].holds("pair")

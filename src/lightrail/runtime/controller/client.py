@@ -140,6 +140,7 @@ class ControllerClient:
         self._inside: set[str] = set()  # groups granted per op, not yet released (held again on reconnect)
         self._resync: set[str] = set()  # groups whose lease acquires are holds, since the last reconnect
         self._op_no: dict[str, int] = {}  # key -> ops this rank started on it (``op_no`` of acquire and hold)
+        self._news: dict | None = None  # the error of an interrupt (a failover) not yet followed by forget_holds
         self._closed = False
         self._dead: InfeasibleError | None = None
         self._done = False  # the bye was answered: a drop after it is the end, not a loss
@@ -562,8 +563,11 @@ class ControllerClient:
         groups would wait for peers that are rebuilding. A caller waiting on a hold (after a reconnect) is
         answered too, and every acquire and hold already on the wire is followed by a ``release`` of its group:
         one the controller takes after the reset would otherwise make this rank a holder (or waiter) of the
-        rebuilt job's first round, which it never releases, so its peer's acquire waits for ever."""
+        rebuilt job's first round, which it never releases, so its peer's acquire waits for ever. Until
+        :meth:`forget_holds` (the rank has taken the news in), a new acquire fails at once with the same error: one
+        sent by a caller that checked for news just before the push arrived would be that stale request again."""
         with self._lock:
+            self._news = error
             sent: set[str] = set()
             with self._cond:
                 for wire, request in list(self._pending.items()):
@@ -585,8 +589,10 @@ class ControllerClient:
     def forget_holds(self) -> None:
         """The controller reset the job's groups (a failover: no holders, no lease): drop this rank's leases
         and per-op holds, and the errors of detached requests sent before it (stale). Op numbers start again
-        (every rank, and the spare taking a rank over, counts the rebuilt job's ops from its checkpoint)."""
+        (every rank, and the spare taking a rank over, counts the rebuilt job's ops from its checkpoint), and
+        acquires are taken again after an :meth:`interrupt`."""
         with self._lock:
+            self._news = None  # acquires are the rebuilt job's from now on
             self.leases.clear()
             self._inside.clear()
             self._resync.clear()  # the rebuilt job's first rounds are granted by this controller: acquire, not hold
@@ -662,6 +668,10 @@ class ControllerClient:
         is a ``hold`` while the controller accepts one (a per-op grant: ``release`` after the op). Each call is
         this rank's next op on ``key`` (its ``op_no``)."""
         with self._lock:
+            if self._news is not None:  # the job is rebuilding: an acquire now would join the rebuilt job's round
+                e = self._news
+                raise ControllerError(e.get("message", "refused"), field=e.get("field"), fix=e.get("fix"),
+                                      kind=e.get("type"))
             op_no = self._op_no[key] = self._op_no.get(key, 0) + 1
             fields = {"job": self.job, "rank": self.rank, "key": key, **({"lease": True} if lease else {}),
                       "op_no": op_no}
