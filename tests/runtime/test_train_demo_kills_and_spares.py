@@ -132,41 +132,24 @@ def test_a_kill_falling_due_during_a_failover_waits_until_the_failed_step_is_don
 
 
 @pytest.mark.slow
-def test_a_rank_lost_to_a_spare_and_the_controller_killed_three_times_after_keep_the_losses(tmp_path):
+@pytest.mark.parametrize(("failed_step", "kills", "restarts"), [
+    (2, ["3,4", "4"], 3),  # three kills after the failover
+    (3, ["1,3"], 2),  # before and at the failed step: refused before a failover push gave back the holds on the
+])                    # wire (one sent just before the push, granted after the reset, held the rebuilt round)
+def test_a_rank_lost_to_a_spare_and_controller_kills_keep_the_losses(tmp_path, failed_step, kills, restarts):
     pytest.importorskip("torch")
     pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     cmd = [sys.executable, "-m", "lightrail.cli", "train-demo", "--ranks", "8", "--tp", "2", "--pp", "2", "--dp",
-           "2", "--steps", "6", "--spares", "1", "--kill-rank", "3", "--kill-at-step", "2",
-           "--kill-controller-at-step", "3,4", "--kill-controller-at-step", "4", "--ocs-delay", "2ms", "--json"]
+           "2", "--steps", "6", "--spares", "1", "--kill-rank", "3", "--kill-at-step", str(failed_step),
+           *[a for k in kills for a in ("--kill-controller-at-step", k)], "--ocs-delay", "2ms", "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    assert result["controller_restarts"] == 3 and result["spares"] == 1
+    assert result["controller_restarts"] == restarts and result["spares"] == 1
     rec = result["recovery"]
     assert rec is not None and rec["rank"] == 3 and rec["spare"] == 8 and rec["detected_by"] == "controller"
     assert rec["losses_match_uninterrupted"] and result["losses_identical"]
     assert result["lightrail_losses"] == result["losses"] and len(result["losses"]) == 6
-    assert result["unsafe_reconfigurations"] == 0
-
-
-@pytest.mark.slow
-def test_a_failover_that_follows_controller_restarts_keeps_the_losses(tmp_path):
-    """Kills before and at the failed step (refused before the fix: a hold a survivor sent just before the failover
-    push was granted after the controller reset the job's groups, and the rebuilt job's first round never came)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
-    pytest.importorskip("uvicorn")
-    cmd = [sys.executable, "-m", "lightrail.cli", "train-demo", "--ranks", "8", "--tp", "2", "--pp", "2", "--dp",
-           "2", "--steps", "6", "--spares", "1", "--kill-rank", "3", "--kill-at-step", "3",
-           "--kill-controller-at-step", "1,3", "--ocs-delay", "2ms", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["controller_restarts"] == 2 and result["spares"] == 1
-    rec = result["recovery"]
-    assert rec is not None and rec["rank"] == 3 and rec["spare"] == 8
-    assert rec["losses_match_uninterrupted"] and result["losses_identical"]
     assert result["unsafe_reconfigurations"] == 0
