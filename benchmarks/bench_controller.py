@@ -567,17 +567,23 @@ NATIVE_SOURCE = Path(__file__).with_name("native") / "emulated_ranks.c"
 
 
 def native_ranks(tmp: Path) -> Path:
-    """emulated_ranks.c compiled with the machine's C compiler (``--native-ranks``); SystemExit(2) with one line if
-    there is none or it fails."""
+    """emulated_ranks.c compiled with the machine's C compiler (``--native-ranks``); exit 2 with one line if there is
+    none or it fails."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        raise SystemExit("bench_controller: --native-ranks needs a C compiler (cc, gcc or clang on PATH, or CC=...)")
-    binary = tmp / "emulated_ranks"
-    done = subprocess.run([cc, "-O2", "-o", str(binary), str(NATIVE_SOURCE)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"bench_controller: compiling {NATIVE_SOURCE.name} with {cc} failed: "
-                         f"{done.stderr.strip().splitlines()[-1:]}")
-    return binary
+    why = "needs a C compiler (cc, gcc or clang on PATH, or CC=...)" if cc is None else None
+    if cc is not None:
+        binary = tmp / "emulated_ranks"
+        try:
+            done = subprocess.run([cc, "-O2", "-o", str(binary), str(NATIVE_SOURCE)], capture_output=True, text=True)
+        except OSError as e:
+            why = f"could not run CC={cc} ({e.strerror})"
+        else:
+            if done.returncode == 0:
+                return binary
+            tail = " ".join(done.stderr.split()[-12:])
+            why = f"compiling {NATIVE_SOURCE.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}"
+    print(f"bench_controller: --native-ranks {why}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _native_run(info, token, n, pairs, rounds, warmup, time_limit, binary, admin):

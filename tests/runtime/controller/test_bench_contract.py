@@ -6,6 +6,7 @@ themselves are the benchmark's, never asserted."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -41,10 +42,15 @@ def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(na
     assert floor["emulated_ranks"] == out["emulated_ranks"]
 
 
-def test_bench_controller_native_ranks_refuses_pace_in_one_line():
+def test_bench_controller_native_ranks_refuses_pace_and_a_missing_compiler_in_one_line():
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--native-ranks", "--pace", "0.1"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--native-ranks" in done.stderr and "Traceback" not in done.stderr
+    for cc in ("/bin/false", "/nonexistent/cc"):  # a compiler that fails, one that is not there
+        done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--native-ranks"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "CC": cc})
+        assert done.returncode == 2 and "--native-ranks" in done.stderr and cc in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_bench_controller_sweep_writes_latency_against_load(tmp_path):
