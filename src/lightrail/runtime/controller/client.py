@@ -583,7 +583,7 @@ class ControllerClient:
                         del self._pending[wire]
                         self._replies[request.logical] = {"id": wire, "ok": False, "error": error}
                 self._cond.notify_all()
-            for key in sorted(sent):
+            for key in sorted(sent) if self._dead is None else ():  # (a client that gave up sends nothing)
                 self._send_locked("release", internal=True, job=self.job, rank=self.rank, key=key)
 
     def forget_holds(self) -> None:

@@ -273,7 +273,7 @@ def _plain_int(v: object) -> bool:
 
 # The acquire, prepare and release lines ControllerClient writes (compact json.dumps, fields in its order, ASCII
 # strings without escapes, non-negative ints of at most 18 digits: within int64), matched whole. Such a line decodes
-# to exactly the groups (no escape, no duplicate field, no coercion), so it needs no JSON scan: ~0.8 µs, not ~2.7.
+# to exactly the groups (no escape, no duplicate field, no coercion), so it needs no JSON scan: ~1.3 µs, not ~2.7.
 _CANONICAL = re.compile(rb'\{"id":(0|[1-9][0-9]{0,17}),"op":"(acquire|prepare|release)",'
                         rb'"job":"([\x20\x21\x23-\x5b\x5d-\x7e]*)","rank":(0|[1-9][0-9]{0,17}),'
                         rb'"key":"([\x20\x21\x23-\x5b\x5d-\x7e]*)"(,"lease":true)?(?:,"op_no":(0|[1-9][0-9]{0,17}))?\}')
