@@ -75,7 +75,7 @@ def train_demo_cmd(
         "--kill-controller-at-step", metavar="STEP[,STEP...]",
         help="Kill the controller (SIGKILL) once training completed this many steps and start it again on the "
              "same state and ports; the ranks reconnect (JSON: controller_restarts). Repeatable, or a comma "
-             "list, ascending; combines with --spares and --kill-rank (kills after --kill-at-step).")] = None,
+             "list, ascending; combines with --spares and --kill-rank, before or after --kill-at-step.")] = None,
     spares: Annotated[int, typer.Option("--spares", help="Idle spare worker processes attached to the fabric; "
                                                          "one takes a failed rank's place (LUMION).")] = 0,
     kill_rank: Annotated[int | None, typer.Option("--kill-rank", help="Kill this rank's process (SIGKILL) at "

@@ -340,6 +340,23 @@ def test_protocol_framing_answers_the_same_whatever_the_chunking(make, hello):
     assert run([stream[i:i + 37] for i in range(0, len(stream), 37)]) == whole
 
 
+def _pair_server(make, hello):
+    """A controller with ranks 0 and 1 of job "j" in group "g" (no circuits), its RankServer, and a bound Conn
+    per rank whose writes are decoded into ``replies[rank]``."""
+    import lightrail.runtime.controller.server as server_mod
+
+    c, _ = make()
+    hello(c, "j", 0, 2, rail0=0)
+    hello(c, "j", 1, 2, rail0=1)
+    c.declare(Group(op="group", job="j", key="g", members=[0, 1], circuits={"rail0": {}}))
+    server = server_mod.RankServer(c, c.config)
+    replies: dict[int, list[dict]] = {0: [], 1: []}
+    conns = [server_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies[r].append(json.loads(d)),
+                                            "is_closing": lambda self: False})(), f"p{r}", 0.0, 0.0, bound=("j", r))
+             for r in (0, 1)]
+    return c, server, conns, replies
+
+
 def test_the_hot_ops_never_build_a_model(make, hello, monkeypatch):
     """Heartbeat, acquire and release from a bound connection are answered without the pydantic parse."""
     import lightrail.runtime.controller.server as server_mod
@@ -349,15 +366,8 @@ def test_the_hot_ops_never_build_a_model(make, hello, monkeypatch):
     monkeypatch.setattr(server_mod, "parse_request", lambda *a, **k: calls.append(a) or real(*a, **k))
 
     async def go():
-        c, _ = make()
-        hello(c, "j", 0, 2, rail0=0)
-        hello(c, "j", 1, 2, rail0=1)
-        c.declare(Group(op="group", job="j", key="g", members=[0, 1], circuits={"rail0": {}}))
-        server = server_mod.RankServer(c, c.config)
-        replies = {}
-        for r in (0, 1):
-            conn = server_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies.setdefault(r, []).append(
-                json.loads(d)), "is_closing": lambda self: False})(), f"p{r}", 0.0, 0.0, bound=("j", r))
+        c, server, conns, replies = _pair_server(make, hello)
+        for r, conn in enumerate(conns):
             server.request(conn, b'{"id":1,"op":"heartbeat"}')
             server.request(conn, b'{"id":2,"op":"acquire","job":"j","rank":%d,"key":"g"}' % r)
         await asyncio.sleep(0)
@@ -373,19 +383,10 @@ def test_a_waiting_members_grant_is_written_by_the_request_that_completes_the_gr
     """Rank 0 waits; rank 1's acquire grants both, and rank 0's reply is written inside that very request (no
     loop turn: at 1,024 ranks a turn is a thousand other requests). A failure still reaches the waiter as a
     done callback, one turn later: a ``hold``'s reply goes out before the error of the acquire it supersedes."""
-    import lightrail.runtime.controller.server as server_mod
     from lightrail.runtime.controller.core import Waiter
 
     async def go():
-        c, _ = make()
-        hello(c, "j", 0, 2, rail0=0)
-        hello(c, "j", 1, 2, rail0=1)
-        c.declare(Group(op="group", job="j", key="g", members=[0, 1], circuits={"rail0": {}}))
-        server = server_mod.RankServer(c, c.config)
-        replies: dict[int, list[dict]] = {0: [], 1: []}
-        conns = [server_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies[r].append(json.loads(d)),
-                                                "is_closing": lambda self: False})(), f"p{r}", 0.0, 0.0,
-                                 bound=("j", r)) for r in (0, 1)]
+        c, server, conns, replies = _pair_server(make, hello)
         server.request(conns[0], b'{"id":7,"op":"acquire","job":"j","rank":0,"key":"g"}')
         assert replies[0] == [] and isinstance(c.groups[("j", "g")].waiters[0][0], Waiter)
         server.request(conns[1], b'{"id":8,"op":"acquire","job":"j","rank":1,"key":"g"}')
