@@ -774,6 +774,7 @@ def spawn(tmp_path):
         assert isinstance(info["startup_s"], float)  # reported, never asserted on
         # the loop every served test runs on: uvloop (the extra "service" brings it), as in production
         assert info["event_loop"] == ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
+        assert info["gc_frozen_objects"] > 10_000  # the start-up's objects are out of the collector's way
         return proc, info
 
     yield start
