@@ -114,3 +114,51 @@ def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_err
     finally:
         for c in ranks:
             c.close()
+
+
+def test_interrupt_while_reconnecting_gives_back_the_acquire_on_the_new_connection(spawn, tmp_path):  # noqa: F811
+    """The news arrives while the connection is being replaced (the heartbeat gave up on a slow controller,
+    which still has the old connection's acquire waiting): interrupt's release of it waits for the new
+    connection and goes out on it. Before the fix the reconnect dropped it, and the acquire stayed in the
+    controller's waiters, to be granted a round this rank never releases."""
+    import socket
+    import threading
+
+    _, info = spawn(tmp_path / "c.db")
+    token = _register(info, "train", 2)
+    ranks = [ControllerClient("127.0.0.1", info["port"], job="train", rank=r, token=token, timeout=20,
+                              heartbeat_timeout=1.0) for r in range(2)]
+    try:
+        for r, c in enumerate(ranks):
+            c.hello(2, {"rail0": r, "rail1": r})
+        for c in ranks:
+            c.declare("pair", [0, 1], PAIR)
+        waiting = ranks[0].send("acquire", job="train", rank=0, key="pair")  # rank 1 never comes
+        _until(lambda: _admin_jobs(info)["train"]["groups"]["pair"]["waiting"] == [0], "rank 0 to wait")
+        reconnecting, gate = threading.Event(), threading.Event()
+        handshake = ranks[0]._handshake
+
+        def gated(*args):
+            reconnecting.set()
+            assert gate.wait(20)
+            return handshake(*args)
+
+        ranks[0]._handshake = gated
+        with ranks[0]._lock:  # what the heartbeat does when the controller is slow: the controller keeps the old
+            ranks[0]._up = False  # connection (and its rank's waits) until the new one's hello supersedes it
+            ranks[0].sock.shutdown(socket.SHUT_RD)
+        assert reconnecting.wait(20)
+        ranks[0].interrupt({"type": "Failover", "message": "rank 1 failed", "field": "rank", "fix": "rebuild"})
+        with pytest.raises(ControllerError):
+            ranks[0].wait(waiting)
+        gate.set()
+        _until(lambda: ranks[0].reconnects == 1 and ranks[0].connected, "rank 0 to reconnect")
+        _until(lambda: _admin_jobs(info)["train"]["groups"]["pair"]["waiting"] == [], "the acquire to be given back")
+        assert ranks[0].restore_errors == []
+        ranks[0].forget_holds()
+        with ThreadPoolExecutor(2) as pool:  # the next round is both ranks', not one rank 0 already holds
+            replies = [f.result(20) for f in [pool.submit(c.acquire, "pair") for c in ranks]]
+        assert all(r["granted"] for r in replies)
+    finally:
+        for c in ranks:
+            c.close()

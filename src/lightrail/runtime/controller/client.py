@@ -537,8 +537,10 @@ class ControllerClient:
                 self._send_locked("hold", internal=True, job=self.job, rank=self.rank, key=key, **number)
             seen: set[int] = set()
             for request in waiting:
-                if request.internal or request.stale or request.op == "ack":
+                if (request.internal and request.op != "release") or request.stale or request.op == "ack":
                     continue  # a heartbeat or a re-declaration of the lost connection; an ack of a lease gone
+                # (an internal release is interrupt's, of an acquire the old connection carried: the controller
+                # may still have it waiting, if the connection was only slow, and would make this rank a holder)
                 if request.then is not None:  # a hold standing in for an acquire: send (for) the acquire
                     request = request.then
                 if request.logical in seen:
