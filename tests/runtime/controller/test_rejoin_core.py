@@ -99,7 +99,7 @@ def test_a_rejoining_acquire_that_arrives_before_the_hold_is_granted_by_it(resta
         c.hold("j", 0, "pair")
         assert f.done() and f.result() == {"rejoined": True}
         assert c.groups[("j", "pair")].holders == {0, 1}
-        assert c.groups[("j", "pair")].rejoins == set()
+        assert c.groups[("j", "pair")].rejoins == {}
 
     asyncio.run(run())
 

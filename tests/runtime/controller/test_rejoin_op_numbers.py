@@ -95,7 +95,7 @@ def test_an_acquire_for_the_op_the_peer_is_inside_joins_at_once(restarted, relea
             hold(c, 0, "pair", 5)
         assert f.done() and f.result() == {"rejoined": True}
         g = c.groups[("j", "pair")]
-        assert g.holders == {0, 1} and g.rejoins == set() and c.counters["rejoins"] == 1
+        assert g.holders == {0, 1} and g.rejoins == {} and c.counters["rejoins"] == 1
         for r in (0, 1):
             release(c, "j", r, "pair")
         assert g.status == "idle" and g.restored is None

@@ -172,8 +172,8 @@ class GroupState:
     # already for a later op would run it one op early and deadlock its peers). Several when holds disagree (a
     # lease's members may be an op apart); None while a hold without one (an older client) is in it: any joins.
     restored_ops: set[int] | None = None
-    rejoins: set[int] = field(default_factory=set)  # waiting acquires that carry ``rejoin``
-    rejoin_ops: dict[int, int] = field(default_factory=dict)  # their ``op_no`` (if they carry one; rank -> op)
+    # Waiting acquires that carry ``rejoin``: rank -> the acquire's ``op_no`` (None: it carries none)
+    rejoins: dict[int, int | None] = field(default_factory=dict)
     order: int = 0  # declaration order: ties in ready_since are scheduled in it (deterministic runs)
 
     def __post_init__(self) -> None:
@@ -426,11 +426,10 @@ class Controller:
         if m.op == "acquire":
             g.acquirers.add(m.rank)
             (g.lease_asks.add if m.lease else g.lease_asks.discard)(m.rank)
-            (g.rejoins.add if getattr(m, "rejoin", False) else g.rejoins.discard)(m.rank)
-            if op_no is None:  # a later hold lets it join only a round in the same op (see _may_join)
-                g.rejoin_ops.pop(m.rank, None)
+            if getattr(m, "rejoin", False):  # a later hold lets it join only a round in the same op (_may_join)
+                g.rejoins[m.rank] = op_no
             else:
-                g.rejoin_ops[m.rank] = op_no
+                g.rejoins.pop(m.rank, None)
             fut = self._wait(g, m.rank)
         # Only a completed barrier or freed ports can make anything new possible. A rank back while
         # the group is still granted waits for the next round (the last release reschedules).
@@ -496,8 +495,7 @@ class Controller:
             waiter[0].set_exception(Superseded(f"rank {rank} holds {key!r} (hold)", field="key"))
         g.acquirers.discard(rank)
         g.lease_asks.discard(rank)
-        g.rejoins.discard(rank)
-        g.rejoin_ops.pop(rank, None)
+        g.rejoins.pop(rank, None)
         if g.status != GroupStatus.GRANTED:
             g.restored = set()  # a round restored by hold (not one this controller granted)
             g.restored_ops = set()
@@ -514,7 +512,7 @@ class Controller:
             self.intent[(job, rank)] = key
         self.log("hold", job=job, rank=rank, group=key)
         for r in sorted(g.rejoins):  # rejoining acquires that arrived before this hold join the round now
-            if r in g.waiters and self._may_join(g, r, g.rejoin_ops.get(r)):
+            if r in g.waiters and self._may_join(g, r, g.rejoins[r]):
                 self._join(g, r)
         if freed:
             self._schedule()
@@ -937,7 +935,7 @@ class Controller:
 
     def _grant(self, g: GroupState) -> None:
         g.status = GroupStatus.GRANTED
-        g.restored, g.restored_ops, g.rejoins, g.rejoin_ops = None, None, set(), {}
+        g.restored, g.restored_ops, g.rejoins = None, None, {}
         g.holders = set(g.acquirers)
         g.acquirers = set()  # acquires from now on are for the next round
         g.ready_since = 0.0
@@ -996,8 +994,7 @@ class Controller:
         fut, asked = g.waiters.pop(rank)
         g.acquirers.discard(rank)
         g.lease_asks.discard(rank)
-        g.rejoins.discard(rank)
-        g.rejoin_ops.pop(rank, None)
+        g.rejoins.pop(rank, None)
         g.holders.add(rank)
         g.restored.add(rank)
         g.intents.add(rank)
@@ -1040,8 +1037,7 @@ class Controller:
             waiter[0].cancel()
         if len(g.intents) < len(g.members):
             g.ready_since = 0.0
-        g.rejoins.discard(rank)
-        g.rejoin_ops.pop(rank, None)
+        g.rejoins.pop(rank, None)
         if g.status == GroupStatus.GRANTED and not g.holders and g.lease is None:
             g.status = GroupStatus.IDLE  # the round is over; ranks already back wait for the next barrier
             g.restored, g.restored_ops = None, None
@@ -1090,7 +1086,7 @@ class Controller:
                     fut.set_exception(error)
             g.waiters.clear()
             g.intents, g.acquirers, g.holders, g.lease_asks = set(), set(), set(), set()
-            g.restored, g.restored_ops, g.rejoins, g.rejoin_ops = None, None, set(), {}
+            g.restored, g.restored_ops, g.rejoins = None, None, {}
             g.lease, g.revoking, g.ops, g.limit, g.ready_since = None, False, {}, {}, 0.0
             if g.status == GroupStatus.GRANTED:
                 g.status = GroupStatus.IDLE  # an APPLYING one settles on its own
