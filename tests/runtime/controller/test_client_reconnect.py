@@ -149,6 +149,7 @@ def test_reconnect_says_hello_redeclares_holds_and_resends_unanswered(scripted):
                             "token": "secret"}
         assert [m["key"] for m in again[1:5]] == ["op", "lease", "idle", "wait"]
         assert sorted(m["key"] for m in again[5:7]) == ["lease", "op"]  # inside an op of each; not "idle"
+        assert not any("first" in m for m in again[5:7])  # from inside the op: held whether or not a peer is
         assert again[7]["key"] == "wait" and again[7]["id"] != old_id  # a fresh id
         reply = c.wait(pending)  # the caller of the old request gets the new reply
         assert reply["granted"] is True
@@ -225,6 +226,7 @@ def test_a_lease_acquire_waiting_at_the_reconnect_becomes_a_hold(scripted):
             ctl.drop()
             reply = waiting.result(20)  # the peer is inside the op: the hold joins it
         assert reply["granted"] and reply["held"] and ctl.ops() == ["hello", "group", "hold"]
+        assert ctl.messages()[-1]["first"] is True  # in place of the acquire: it only joins a peer's op
     finally:
         c.close()
 

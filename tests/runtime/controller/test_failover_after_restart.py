@@ -1,9 +1,11 @@
 """Issue 17, kills + spares: a failover that follows a controller restart hung the train-demo (a survivor waited
-for ever). After the restart a rank's lease acquires go out as ``hold`` (see the client's module doc). One sent
-just before the rank read the ``failover`` push reached the controller after its reset of the job's groups, was
-granted there (the circuits were lit) and made the rank a holder of the rebuilt job's first round, which it never
-releases: its peer's acquire of that group waited for ever. The client now answers the caller with the push's
-news and sends a ``release`` after every acquire and hold still on the wire when the push arrives."""
+for ever). After the restart a rank's lease acquires go out as ``hold`` first (see the client's module doc). One
+sent just before the rank read the ``failover`` push reached the controller after its reset of the job's groups,
+was granted there (the circuits were lit) and made the rank a holder of the rebuilt job's first round, which it
+never releases: its peer's acquire of that group waited for ever. Two fixes, each enough: the client answers the
+caller with the push's news and sends a ``release`` after every acquire and hold still on the wire when the push
+arrives; and the controller grants such a hold (``first``: in place of an acquire) only to join a round restored
+by hold for the same op, which a reset job has none of."""
 
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ from lightrail.runtime.controller.client import ControllerClient, ControllerErro
 
 PAIR = {"rail0": {0: 1, 1: 0}}
 MOVED = {"rail0": {0: 2, 2: 0}}  # rank 1's port 1 moved to the spare's port 2
+
+
+def _hold_requests(info: dict) -> float:
+    """Hold requests the controller handled (refused ones too), from its /metrics."""
+    with _admin(info) as admin:
+        text = admin.get("/metrics").text
+    name = 'lightrail_request_duration_seconds_count{op="hold"} '
+    return next((float(line[len(name):]) for line in text.splitlines() if line.startswith(name)), 0.0)
 
 
 def _interrupt(client: ControllerClient, message: dict) -> None:
@@ -62,10 +72,8 @@ def test_a_hold_sent_before_the_failover_push_does_not_hold_the_rebuilt_round(sp
         assert proc.wait(10) == -signal.SIGKILL
         proc, info = spawn(state, info["port"], info["admin_port"])
         _until(lambda: all(c.reconnects == 1 and c.connected for c in clients), "every client to reconnect")
-        with ThreadPoolExecutor(2) as pool:  # an op after the restart: lease acquires are holds, granted per op
-            assert all(f.result(20).get("held") for f in [pool.submit(c.acquire, "pair", lease=True) for c in (r0, r1)])
-        for c in (r0, r1):
-            c.release("pair")
+        for c in (r0, r1):  # each rank resumes (a release of nothing), so the failover may rewire its ports at once;
+            c.release("pair")  # their lease acquires are still holds first
 
         # rank 0 reads the failover push only once its next lease acquire (a hold, since the restart) is on the wire
         arrived, go = threading.Event(), threading.Event()
@@ -80,17 +88,19 @@ def test_a_hold_sent_before_the_failover_push_does_not_hold_the_rebuilt_round(sp
         r0._pushed = late
         r1.close()  # gone without bye: the spare takes rank 1 over, the job's groups start a fresh round
         assert arrived.wait(20)
-        time.sleep(0.05)  # past the rewire's 5 ms switch: the hold is granted, not refused (ordering, not timing)
+        time.sleep(0.05)  # past the rewire's 5 ms switch: lit, so only the rule refuses the hold (not timing)
+        before = _hold_requests(info)
         with ThreadPoolExecutor(1) as pool:
             stale = pool.submit(r0.acquire, "pair", lease=True)
-            _until(lambda: _admin_jobs(info)["train"]["groups"]["pair"]["holders"] == [0],
-                   "rank 0's hold to be granted after the failover")
+            _until(lambda: _hold_requests(info) > before, "rank 0's hold to reach the controller")
+            # before either fix: granted (a holder of the dead generation's round); now refused, no round to join
+            assert _admin_jobs(info)["train"]["groups"]["pair"]["holders"] == []
             go.set()
-            with pytest.raises(ControllerError) as e:  # before the fix: granted, a grant of the dead generation
+            with pytest.raises(ControllerError) as e:  # the push's news, not the refusal's acquire
                 stale.result(20)
         assert e.value.kind == "Failover" and "rank 1 failed" in e.value.message
-        _until(lambda: _admin_jobs(info)["train"]["groups"]["pair"]["holders"] == [],
-               lambda: f"the stale hold to be released ({_admin_jobs(info)['train']['groups']['pair']})")
+        group = _admin_jobs(info)["train"]["groups"]["pair"]
+        assert group["holders"] == [] and group["waiting"] == []  # nothing of rank 0's stale op is left
 
         # the rebuilt job's first op: both members are granted together (before the fix rank 0 was granted at once
         # as the stale holder and the spare waited for a next round that never came)

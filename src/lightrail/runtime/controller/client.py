@@ -24,9 +24,10 @@ ends. The restarted controller knows no lease, and a peer may already be inside 
 to start (its grant came before the kill; this rank's did not): an acquire would wait for a round that
 peer never starts. So every re-sent acquire carries ``rejoin`` (the controller grants it at once inside a
 round restored by a peer's ``hold``), and, after a reconnect, a lease acquire (one waiting, or a new one)
-is sent as ``hold`` (granted at once while the circuits are lit, per op: ``release`` after it) until a
-hold of that group is refused, when it acquires. Past the bound, every wait raises one ``InfeasibleError`` naming the
-controller (field ``controller``), never a hang.
+is sent as a ``first`` hold (granted at once, per op, only to join a round a peer restored by hold for that
+same op: ``release`` after it) until a round of the restarted controller grants the group; a refused one
+sends the acquire (and tries the hold again while it waits). Past the bound, every wait raises one
+``InfeasibleError`` naming the controller (field ``controller``), never a hang.
 
 Op numbers: every ``acquire`` and ``hold`` carries ``op_no``, the n-th op this rank started on the key (an
 ``acquire`` call, or an op ``enter`` let run under a lease; a re-send keeps its number, a refused acquire gives
@@ -220,7 +221,7 @@ class ControllerClient:
         while it waits, the hold again after ``RETRY_S``, doubling to 1 s (a peer's hold may light the round
         this rank must join: the hold then answers the caller, and the controller drops the acquire)."""
         fields = {k: acquire.fields[k] for k in ("job", "rank", "key", "op_no") if k in acquire.fields}
-        self._write_locked(_Request(acquire.logical, "hold", fields, then=acquire, retry=retry))
+        self._write_locked(_Request(acquire.logical, "hold", {**fields, "first": True}, then=acquire, retry=retry))
 
     def _retry_later(self, acquire: _Request) -> None:
         acquire.backoff = min(BACKOFF[1], acquire.backoff * 2) if acquire.backoff else RETRY_S

@@ -470,16 +470,25 @@ class Controller:
             self._schedule()
         return {}
 
-    def hold(self, job: str | Hold, rank: int | None = None, key: str | None = None, op_no: int | None = None) -> dict:
+    def hold(self, job: str | Hold, rank: int | None = None, key: str | None = None, op_no: int | None = None,
+             first: bool = False) -> dict:
         """A rank that reconnected (after a controller restart) inside an op on ``key``: it holds the group
         again, granted with its declared circuits, but only if they are lit now (no port dark, switching
         or dead); otherwise an error naming ``key`` (the rank then acquires it). Takes (job, rank, key,
-        op_no) or the :class:`Hold` message; ``op_no`` (the op it is inside) decides which rejoining
-        acquires join the restored round."""
+        op_no, first) or the :class:`Hold` message; ``op_no`` (the op it is inside) decides which rejoining
+        acquires join the restored round. A ``first`` hold (in place of a lease acquire: the rank is not
+        inside the op yet) joins only a round restored by hold for that op, as a rejoining acquire does;
+        otherwise it is refused and the rank acquires. Granted on lit circuits alone, every op after a
+        restart would be a hold: no barrier, and never a lease again for the rest of the job."""
         if isinstance(job, Hold):
-            job, rank, key, op_no = job.job, job.rank, job.key, job.op_no
+            job, rank, key, op_no, first = job.job, job.rank, job.key, job.op_no, job.first
         g = self._group(job, key, rank)
         self._check_alive(g)
+        # (A rank that held an earlier op of the round may: a lease's members can be an op apart, and a peer
+        # inside the next op waits for this rank's part of it.)
+        if first and not self._restored_for(g, op_no):
+            raise InfeasibleError(f"group {key!r} has no round restored by hold for op {op_no} to join",
+                                  field="key", fix="acquire it (no peer is inside that op)")
         now = self.clock()
         dark = [f"{d}:{i}->{o}" for d, c in g.circuits.items() for i, o in c.items()
                 if self.devices[d].state().get(i) != o]
@@ -985,8 +994,13 @@ class Controller:
         lost in the kill) waits for the next round: joining this one would run its op early and leave the
         peer's own acquire for that op waiting on a round that never ends (issue 17 item 3). An unknown
         number (either side an older client) joins, as before op numbers."""
+        return Controller._restored_for(g, op_no) and rank not in g.restored and rank not in g.holders
+
+    @staticmethod
+    def _restored_for(g: GroupState, op_no: int | None) -> bool:
+        """The group is granted per op in a round restored by ``hold`` with a holder inside op ``op_no`` (or
+        either side does not know its op: an older client)."""
         return (g.status == GroupStatus.GRANTED and g.lease is None and g.restored is not None
-                and rank not in g.restored and rank not in g.holders
                 and (op_no is None or g.restored_ops is None or op_no in g.restored_ops))
 
     def _join(self, g: GroupState, rank: int) -> None:

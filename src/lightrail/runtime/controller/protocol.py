@@ -140,13 +140,15 @@ class Revoke(BaseModel):
 
 class Hold(_Message):
     """After a reconnect: the rank is inside an op on ``key`` (granted before the controller restarted),
-    its ``op_no``-th on it (see :class:`Acquire`)."""
+    its ``op_no``-th on it (see :class:`Acquire`). With ``first``, it is not inside yet: the hold stands in
+    for a lease acquire and only joins a round restored by hold for that same op (a peer is inside it)."""
 
     op: Literal["hold"]
     job: str
     rank: int
     key: str
     op_no: int | None = OP_NO
+    first: bool = False
 
 
 class Failover(BaseModel):
