@@ -6,6 +6,7 @@ before the fix it waited for a next round that rank 0 never starts without rank 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -78,10 +79,10 @@ def test_a_grant_lost_in_the_kill_joins_the_round_its_peer_holds(spawn, tmp_path
             c.close()
 
 
-def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_errors(spawn, tmp_path):  # noqa: F811
-    """The public calls torch_backend's failover handling uses (it reached into the client's fields before). An
-    acquire between the two fails at once: a caller that checked for news just before the push arrived would
-    otherwise send a request of the failed generation after ``interrupt`` gave back the ones on the wire."""
+@contextlib.contextmanager
+def _rank0_waiting(spawn, tmp_path):  # noqa: F811
+    """Two ranks of a pair on a fresh controller, rank 0's acquire waiting (rank 1 never comes):
+    (info, ranks, the acquire's request id); the clients are closed after."""
     _, info = spawn(tmp_path / "c.db")
     token = _register(info, "train", 2)
     ranks = [ControllerClient("127.0.0.1", info["port"], job="train", rank=r, token=token, timeout=20,
@@ -91,8 +92,19 @@ def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_err
             c.hello(2, {"rail0": r, "rail1": r})
         for c in ranks:
             c.declare("pair", [0, 1], PAIR)
-        waiting = ranks[0].send("acquire", job="train", rank=0, key="pair")  # rank 1 never comes
+        waiting = ranks[0].send("acquire", job="train", rank=0, key="pair")
         _until(lambda: _admin_jobs(info)["train"]["groups"]["pair"]["waiting"] == [0], "rank 0 to wait")
+        yield info, ranks, waiting
+    finally:
+        for c in ranks:
+            c.close()
+
+
+def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_errors(spawn, tmp_path):  # noqa: F811
+    """The public calls torch_backend's failover handling uses (it reached into the client's fields before). An
+    acquire between the two fails at once: a caller that checked for news just before the push arrived would
+    otherwise send a request of the failed generation after ``interrupt`` gave back the ones on the wire."""
+    with _rank0_waiting(spawn, tmp_path) as (info, ranks, waiting):
         ranks[0].interrupt({"type": "Failover", "message": "rank 1 failed", "field": "rank", "fix": "rebuild"})
         with pytest.raises(ControllerError) as e:
             ranks[0].wait(waiting)
@@ -111,9 +123,6 @@ def test_interrupt_answers_the_waits_and_forget_holds_drops_leases_and_stale_err
         ranks[0].forget_holds()
         assert not ranks[0].holds("pair") and not ranks[0].enter("pair")
         assert ranks[0].heartbeat()["ok"]  # the stale error is not raised at the next wait
-    finally:
-        for c in ranks:
-            c.close()
 
 
 def test_interrupt_while_reconnecting_gives_back_the_acquire_on_the_new_connection(spawn, tmp_path):  # noqa: F811
@@ -124,17 +133,7 @@ def test_interrupt_while_reconnecting_gives_back_the_acquire_on_the_new_connecti
     import socket
     import threading
 
-    _, info = spawn(tmp_path / "c.db")
-    token = _register(info, "train", 2)
-    ranks = [ControllerClient("127.0.0.1", info["port"], job="train", rank=r, token=token, timeout=20,
-                              heartbeat_timeout=1.0) for r in range(2)]
-    try:
-        for r, c in enumerate(ranks):
-            c.hello(2, {"rail0": r, "rail1": r})
-        for c in ranks:
-            c.declare("pair", [0, 1], PAIR)
-        waiting = ranks[0].send("acquire", job="train", rank=0, key="pair")  # rank 1 never comes
-        _until(lambda: _admin_jobs(info)["train"]["groups"]["pair"]["waiting"] == [0], "rank 0 to wait")
+    with _rank0_waiting(spawn, tmp_path) as (info, ranks, waiting):
         reconnecting, gate = threading.Event(), threading.Event()
         handshake = ranks[0]._handshake
 
@@ -159,6 +158,3 @@ def test_interrupt_while_reconnecting_gives_back_the_acquire_on_the_new_connecti
         with ThreadPoolExecutor(2) as pool:  # the next round is both ranks', not one rank 0 already holds
             replies = [f.result(20) for f in [pool.submit(c.acquire, "pair") for c in ranks]]
         assert all(r["granted"] for r in replies)
-    finally:
-        for c in ranks:
-            c.close()
