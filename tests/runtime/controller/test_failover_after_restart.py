@@ -28,12 +28,16 @@ PAIR = {"rail0": {0: 1, 1: 0}}
 MOVED = {"rail0": {0: 2, 2: 0}}  # rank 1's port 1 moved to the spare's port 2
 
 
-def _hold_requests(info: dict) -> float:
-    """Hold requests the controller handled (refused ones too), from its /metrics."""
+def _metric(info: dict, series: str) -> float:
+    """One series of the controller's /metrics (0 while it has no sample)."""
     with _admin(info) as admin:
         text = admin.get("/metrics").text
-    name = 'lightrail_request_duration_seconds_count{op="hold"} '
-    return next((float(line[len(name):]) for line in text.splitlines() if line.startswith(name)), 0.0)
+    return next((float(line[len(series) + 1:]) for line in text.splitlines() if line.startswith(series + " ")), 0.0)
+
+
+def _hold_requests(info: dict) -> float:
+    """Hold requests the controller handled (refused ones too)."""
+    return _metric(info, 'lightrail_request_duration_seconds_count{op="hold"}')
 
 
 def _interrupt(client: ControllerClient, message: dict) -> None:

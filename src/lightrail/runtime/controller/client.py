@@ -25,9 +25,9 @@ to start (its grant came before the kill; this rank's did not): an acquire would
 peer never starts. So every re-sent acquire carries ``rejoin`` (the controller grants it at once inside a
 round restored by a peer's ``hold``), and, after a reconnect, a lease acquire (one waiting, or a new one)
 is sent as a ``first`` hold (granted at once, per op, only to join a round a peer restored by hold for that
-same op: ``release`` after it) until a round of the restarted controller grants the group; a refused one
-sends the acquire (and tries the hold again while it waits). Past the bound, every wait raises one
-``InfeasibleError`` naming the controller (field ``controller``), never a hang.
+same op: ``release`` after it) until a round of the restarted controller grants the group; one answered
+``held: false`` (or refused) sends the acquire (and tries the hold again while it waits). Past the bound,
+every wait raises one ``InfeasibleError`` naming the controller (field ``controller``), never a hang.
 
 Op numbers: every ``acquire`` and ``hold`` carries ``op_no``, the n-th op this rank started on the key (an
 ``acquire`` call, or an op ``enter`` let run under a lease; a re-send keeps its number, a refused acquire gives
@@ -319,7 +319,7 @@ class ControllerClient:
         if request.then is not None:  # a hold in place of a lease acquire: granted per op, or acquire after all
             acquire = request.then
             with self._lock:
-                if not ok:
+                if not ok or message.get("held") is False:  # refused (not lit), or no peer's op to join
                     if request.retry:  # the acquire still waits; try again soon
                         self._retry_later(acquire)
                     elif self._up:

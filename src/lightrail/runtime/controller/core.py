@@ -477,9 +477,9 @@ class Controller:
         or dead); otherwise an error naming ``key`` (the rank then acquires it). Takes (job, rank, key,
         op_no, first) or the :class:`Hold` message; ``op_no`` (the op it is inside) decides which rejoining
         acquires join the restored round. A ``first`` hold (in place of a lease acquire: the rank is not
-        inside the op yet) joins only a round restored by hold with a holder inside that op; otherwise it is
-        refused and the rank acquires. Granted on lit circuits alone, every op after a restart would be a
-        hold: no barrier, and never a lease again for the rest of the job."""
+        inside the op yet) joins only a round restored by hold with a holder inside that op; otherwise the
+        reply is ``held: false`` and the rank acquires. Granted on lit circuits alone, every op after a restart
+        would be a hold: no barrier, and never a lease again for the rest of the job."""
         if isinstance(job, Hold):
             job, rank, key, op_no, first = job.job, job.rank, job.key, job.op_no, job.first
         g = self._group(job, key, rank)
@@ -487,8 +487,7 @@ class Controller:
         # Unlike a rejoining acquire (_may_join), a rank that held an earlier op of the round may join it again:
         # a lease's members can be an op apart, and a peer inside the next op waits for this rank's part of it.
         if first and not self._restored_for(g, op_no):
-            raise InfeasibleError(f"group {key!r} has no round restored by hold for op {op_no} to join",
-                                  field="key", fix="acquire it (no peer is inside that op)")
+            return {"held": False}  # an answer, not an error: every lease op's first try after a restart gets it
         now = self.clock()
         dark = [f"{d}:{i}->{o}" for d, c in g.circuits.items() for i, o in c.items()
                 if self.devices[d].state().get(i) != o]
