@@ -63,6 +63,12 @@ class ControllerError(LightrailError):
         super().__init__(message, field=field, fix=fix)
         self.kind = kind
 
+    @classmethod
+    def of(cls, error: dict) -> ControllerError:
+        """The error of a reply (its ``error`` object: type, message, field, fix)."""
+        return cls(error.get("message", "refused"), field=error.get("field"), fix=error.get("fix"),
+                   kind=error.get("type"))
+
 
 @dataclass
 class Lease:
@@ -274,9 +280,7 @@ class ControllerClient:
             failed, self._failed = self._failed, []
         for bad in (reply, *failed):
             if not bad.get("ok"):
-                e = bad.get("error", {})
-                raise ControllerError(e.get("message", "refused"), field=e.get("field"), fix=e.get("fix"),
-                                      kind=e.get("type"))
+                raise ControllerError.of(bad.get("error", {}))
         return reply
 
     def call(self, op: str, **fields) -> dict:
@@ -501,9 +505,7 @@ class ControllerClient:
                 break
         sock.settimeout(None)
         if not reply["ok"]:
-            e = reply.get("error", {})
-            raise ControllerError(e.get("message", "refused"), field=e.get("field"), fix=e.get("fix"),
-                                  kind=e.get("type"))
+            raise ControllerError.of(reply.get("error", {}))
         return reply
 
     def _hello_fields(self) -> dict:
@@ -672,9 +674,7 @@ class ControllerClient:
         this rank's next op on ``key`` (its ``op_no``)."""
         with self._lock:
             if self._news is not None:  # the job is rebuilding: an acquire now would join the rebuilt job's round
-                e = self._news
-                raise ControllerError(e.get("message", "refused"), field=e.get("field"), fix=e.get("fix"),
-                                      kind=e.get("type"))
+                raise ControllerError.of(self._news)
             op_no = self._op_no[key] = self._op_no.get(key, 0) + 1
             fields = {"job": self.job, "rank": self.rank, "key": key, **({"lease": True} if lease else {}),
                       "op_no": op_no}
