@@ -2,7 +2,7 @@
 64 ranks on loopback, without OCS delay (``--ocs-delay 0``). Prints one JSON object; asserts nothing about speed.
 
 Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
-     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-ranks]
+     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-ranks] [--native-floor]
      .venv/bin/python benchmarks/bench_controller.py --ranks 1024 --sweep   # latency against offered load
 
 ``--ranks N`` (issue 17's contract: prints ``p99_s`` and ``dropped``, with ``p50_s``, ``rate_per_s``, ``ranks``,
@@ -21,7 +21,10 @@ the same run against the least a server can do (parse each line, answer, pair th
 safety or metrics): the latency any Python server on uvloop gets from this machine and these clients.
 ``--native-ranks`` runs the same pair loops in ``native/emulated_ranks.c`` (compiled with the machine's ``cc``) on
 connections this script opened and greeted: a few microseconds of CPU per request instead of 12-17, so on a 2-core
-machine the figures are the server's more than the emulator's. ``--sweep`` runs the Python ranks at a series of
+machine the figures are the server's more than the emulator's. ``--native-floor`` also runs the same clients against
+``native/floor_server.c`` (the floor's work in one C epoll loop: no interpreter, no state beyond the waiting acquires),
+reported as ``native_floor``: what a native data plane's socket loop could reach here, the kernel's loopback send and
+receive being all it pays for. ``--sweep`` runs the Python ranks at a series of
 paces up to full rate, each on a fresh controller, and reports the highest acquire rate whose p99 met the 20 ms
 target (out/bench/controller-load.{json,png}).
 
@@ -563,26 +566,27 @@ def _many_proc(info, token, n, pairs, rounds, warmup, time_limit, pace, barrier,
     results.put(out)
 
 
-NATIVE_SOURCE = Path(__file__).with_name("native") / "emulated_ranks.c"
+NATIVE = Path(__file__).with_name("native")  # emulated_ranks.c (--native-ranks), floor_server.c (--native-floor)
 
 
-def native_ranks(tmp: Path) -> Path:
-    """emulated_ranks.c compiled with the machine's C compiler (``--native-ranks``); exit 2 with one line if there is
+def native_program(tmp: Path, name: str, flag: str) -> Path:
+    """``native/<name>.c`` compiled with the machine's C compiler; exit 2 with one line naming ``flag`` if there is
     none or it fails."""
+    source = NATIVE / f"{name}.c"
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     why = "needs a C compiler (cc, gcc or clang on PATH, or CC=...)" if cc is None else None
     if cc is not None:
-        binary = tmp / "emulated_ranks"
+        binary = tmp / name
         try:
-            done = subprocess.run([cc, "-O2", "-o", str(binary), str(NATIVE_SOURCE)], capture_output=True, text=True)
+            done = subprocess.run([cc, "-O2", "-o", str(binary), str(source)], capture_output=True, text=True)
         except OSError as e:
             why = f"could not run CC={cc} ({e.strerror})"
         else:
             if done.returncode == 0:
                 return binary
             tail = " ".join(done.stderr.split()[-12:])
-            why = f"compiling {NATIVE_SOURCE.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}"
-    print(f"bench_controller: --native-ranks {why}", file=sys.stderr)
+            why = f"compiling {source.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}"
+    print(f"bench_controller: {flag} {why}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -729,9 +733,11 @@ def _floor_serve() -> None:
 
 
 def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int,
-          native: Path | None = None) -> dict:
-    """The ``--ranks`` run against the floor server (same clients, same layout, same counts)."""
-    proc = subprocess.Popen([sys.executable, __file__, "--floor-server"], stdout=subprocess.PIPE, text=True)
+          native: Path | None = None, server: Path | None = None) -> dict:
+    """The ``--ranks`` run against the floor server (same clients, same layout, same counts); ``server``: the
+    compiled floor_server.c instead of the Python one (``--native-floor``)."""
+    command = [str(server)] if server else [sys.executable, __file__, "--floor-server"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         info = {**json.loads(proc.stdout.readline()), "pid": proc.pid}
         return _many(info, n, rounds, warmup, time_limit, pace, procs, floor=True, native=native)
@@ -754,7 +760,8 @@ def _requests(admin: str) -> float:
 
 
 def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, pace: float = 0.0,
-               procs: int = 2, with_floor: bool = True, native: Path | None = None) -> dict:
+               procs: int = 2, with_floor: bool = True, native: Path | None = None,
+               native_floor: Path | None = None) -> dict:
     rails = -(-n // WIDE_RAIL)
     proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL)))
     info["pid"] = proc.pid
@@ -771,6 +778,11 @@ def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
             out["floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native)
         except Exception as e:  # noqa: BLE001 (reported in the JSON)
             out["floor"] = {"error": repr(e)}
+    if native_floor is not None:
+        try:
+            out["native_floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native, native_floor)
+        except Exception as e:  # noqa: BLE001 (reported in the JSON)
+            out["native_floor"] = {"error": repr(e)}
     out["target_p99_s"] = 0.020
     out["meets_target"] = out.get("p99_s") is not None and out["p99_s"] < 0.020 and out["dropped"] == 0
     out["machine"] = {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}
@@ -815,6 +827,9 @@ def main() -> None:
     parser.add_argument("--native-ranks", action="store_true", help="--ranks: emulate the ranks with native/"
                         "emulated_ranks.c (compiled with cc) instead of Python client processes, so the emulator's "
                         "own CPU distorts the latencies less")
+    parser.add_argument("--native-floor", action="store_true", help="--ranks: also run the same clients against "
+                        "native/floor_server.c (the floor's work in C, compiled with cc): what a native data plane's "
+                        "socket loop could reach on this machine")
     parser.add_argument("--sweep", action="store_true", help="--ranks: latency against offered load (one run per "
                         "pace, up to full rate); writes out/bench/controller-load.{json,png}")
     parser.add_argument("--paces", default=",".join(map(str, SWEEP_PACES)),
@@ -830,8 +845,8 @@ def main() -> None:
         if args.native_ranks and (args.pace or args.ranks % 2):
             parser.error("--native-ranks runs full rate (no --pace) with an even --ranks")
         if args.sweep:
-            if args.native_ranks or args.pace:
-                parser.error("--sweep sets the pace itself, with the Python emulated ranks")
+            if args.native_ranks or args.native_floor or args.pace:
+                parser.error("--sweep sets the pace itself, with the Python emulated ranks (and no floor)")
             try:
                 paces = tuple(sorted({float(p) for p in args.paces.split(",")}, reverse=True))
             except ValueError:
@@ -851,9 +866,11 @@ def main() -> None:
             print(json.dumps(out, indent=2))
             return
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
-            native = native_ranks(Path(tmpdir)) if args.native_ranks else None
+            native = native_program(Path(tmpdir), "emulated_ranks", "--native-ranks") if args.native_ranks else None
+            server = native_program(Path(tmpdir), "floor_server", "--native-floor") if args.native_floor else None
             out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,
-                             args.pace, args.client_procs, with_floor=not args.no_floor, native=native)
+                             args.pace, args.client_procs, with_floor=not args.no_floor, native=native,
+                             native_floor=server)
         print(json.dumps(out, indent=2))
         return
     args.rounds = args.rounds or 300

@@ -1,7 +1,7 @@
 """``benchmarks/bench_controller.py --ranks N`` keeps issue 17's contract: it prints one JSON object with ``p99_s`` and
-``dropped`` (and the floor server's run beside the controller's, with the same keys). Run small here (16 ranks, 3
-rounds) as a real process against a real controller, with the Python emulated ranks and the native ones; the figures
-themselves are the benchmark's, never asserted."""
+``dropped`` (and the floor server's run beside the controller's, with the same keys; with ``--native-floor`` the C
+floor server's too). Run small here (16 ranks, 3 rounds) as a real process against a real controller, with the Python
+emulated ranks and the native ones; the figures themselves are the benchmark's, never asserted."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(na
     if native and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         pytest.skip("--native-ranks needs a C compiler")
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1",
-                           "--time-limit", "120", *(["--native-ranks"] if native else [])],
+                           "--time-limit", "120", *(["--native-ranks", "--native-floor"] if native else [])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
@@ -36,21 +36,30 @@ def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(na
     assert out["acquires"] == out["acquires_expected"] == 16 * 3
     assert 0 < out["p50_s"] <= out["p99_s"] <= out["max_s"]
     assert out["controller_metrics"]["unsafe_reconfigurations"] == 0
-    floor = out["floor"]
-    assert "error" not in floor, floor
-    assert floor["dropped"] == 0 and floor["acquires"] == 16 * 3 and 0 < floor["p99_s"]
-    assert floor["emulated_ranks"] == out["emulated_ranks"]
+    for name in ("floor", "native_floor") if native else ("floor",):
+        floor = out[name]
+        assert "error" not in floor, floor
+        assert floor["dropped"] == 0 and floor["acquires"] == 16 * 3 and 0 < floor["p99_s"]
+        assert floor["emulated_ranks"] == out["emulated_ranks"] and floor["floor_server_cpu_s"] >= 0
+    assert ("native_floor" in out) == native
 
 
-def test_bench_controller_native_ranks_refuses_pace_and_a_missing_compiler_in_one_line():
+@pytest.mark.parametrize("flag", ["--native-ranks", "--native-floor"])
+def test_bench_controller_native_programs_refuse_a_missing_compiler_in_one_line(flag):
+    for cc in ("/bin/false", "/nonexistent/cc"):  # a compiler that fails, one that is not there
+        done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", flag], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "CC": cc})
+        assert done.returncode == 2 and flag in done.stderr and cc in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bench_controller_native_ranks_refuses_pace_and_sweep_refuses_the_native_floor():
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--native-ranks", "--pace", "0.1"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--native-ranks" in done.stderr and "Traceback" not in done.stderr
-    for cc in ("/bin/false", "/nonexistent/cc"):  # a compiler that fails, one that is not there
-        done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--native-ranks"], capture_output=True,
-                              text=True, timeout=60, env={**os.environ, "CC": cc})
-        assert done.returncode == 2 and "--native-ranks" in done.stderr and cc in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--sweep", "--native-floor"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--sweep" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_bench_controller_sweep_writes_latency_against_load(tmp_path):
