@@ -619,10 +619,10 @@ def _native_run(info, token, n, pairs, rounds, warmup, time_limit, binary, admin
         spec = f"{n} {rounds} {warmup} {time_limit} {DROP_AFTER_S}\n" + "".join(
             f"{socks[r].fileno()} {r} p{a} {job}\n" for a, b in pairs for r in (a, b))
         requests_before = _requests(admin) if admin else 0
-        cpu_before = _cpu_times(info["pid"])
+        cpu_before = _cpu_times(info)
         done = subprocess.run([str(binary)], input=spec.encode(), capture_output=True,
                               pass_fds=[sock.fileno() for sock in socks], timeout=time_limit + 120)
-        cpu = tuple(after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+        cpu = tuple(after - before for after, before in zip(_cpu_times(info), cpu_before, strict=True))
     finally:
         for f, sock in zip(files, socks, strict=True):
             f.close()
@@ -649,10 +649,10 @@ def _python_run(info, token, n, pairs, rounds, warmup, time_limit, pace, procs, 
         w.start()
     barrier.wait(timeout=time_limit)
     requests_before = _requests(admin) if admin else 0
-    cpu_before, start = _cpu_times(info["pid"]), time.perf_counter()
+    cpu_before, start = _cpu_times(info), time.perf_counter()
     go.set()  # the loops start only now: the counts above are from before their first request
     parts = [results.get(timeout=time_limit + 120) for _ in workers]
-    cpu = tuple(after - before for after, before in zip(_cpu_times(info["pid"]), cpu_before, strict=True))
+    cpu = tuple(after - before for after, before in zip(_cpu_times(info), cpu_before, strict=True))
     wall = max((p["wall_s"] for p in parts if "wall_s" in p), default=time.perf_counter() - start)  # the loops'
     for w in workers:
         w.join(30)
@@ -667,12 +667,12 @@ def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace:
     pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
     admin = None if floor else f"http://{info['host']}:{info['admin_port']}"
     if native is not None:
-        parts, wall, (user, system), requests_before = _native_run(info, token, n, pairs, rounds, warmup, time_limit,
-                                                                   native, admin)
+        parts, wall, (user, system, frontend), requests_before = _native_run(
+            info, token, n, pairs, rounds, warmup, time_limit, native, admin)
         procs = 0
     else:
-        parts, wall, (user, system), requests_before = _python_run(info, token, n, pairs, rounds, warmup, time_limit,
-                                                                   pace, procs, admin)
+        parts, wall, (user, system, frontend), requests_before = _python_run(
+            info, token, n, pairs, rounds, warmup, time_limit, pace, procs, admin)
     errors = [p["error"] for p in parts if "error" in p]
     if errors:
         raise RuntimeError(errors[0])
@@ -694,6 +694,8 @@ def _many(info: dict, n: int, rounds: int, warmup: int, time_limit: float, pace:
             f"{server}_user_us_per_request": round(user / max(handled, 1) * 1e6, 1),
             f"{server}_system_us_per_request": round(system / max(handled, 1) * 1e6, 1),
             f"{server}_cpu_share": round(cpu / wall, 3),
+            **({"frontend_cpu_us_per_request": round(frontend / max(handled, 1) * 1e6, 1),
+                "frontend_cpu_share": round(frontend / wall, 3)} if info.get("frontend_pid") else {}),
             "clients_cpu_us_per_request": round(sum(p["cpu_s"] for p in parts) / max(handled, 1) * 1e6, 1),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
@@ -746,12 +748,18 @@ def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, proc
         proc.wait()
 
 
-def _cpu_times(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid`` (Linux /proc): system time is mostly the loopback TCP
-    stack (a reply's send), which no Python change removes."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_times(info: dict) -> tuple[float, float, float]:
+    """User and system CPU seconds of the server process (Linux /proc; system time is mostly the loopback TCP
+    stack, a reply's send, which no Python change removes), and the native front end's, user + system (0 without
+    one: ``controller serve --frontend native`` names its process ``frontend_pid``)."""
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+
+    def times(pid: int) -> tuple[float, float]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) / tick, int(fields[12]) / tick
+
+    user, system = times(info["pid"])
+    return user, system, sum(times(info["frontend_pid"])) if info.get("frontend_pid") else 0.0
 
 
 def _requests(admin: str) -> float:
@@ -761,9 +769,10 @@ def _requests(admin: str) -> float:
 
 def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, pace: float = 0.0,
                procs: int = 2, with_floor: bool = True, native: Path | None = None,
-               native_floor: Path | None = None) -> dict:
+               native_floor: Path | None = None, frontend: str = "loop") -> dict:
     rails = -(-n // WIDE_RAIL)
-    proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL)))
+    proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL),
+                                                "--frontend", frontend))
     info["pid"] = proc.pid
     try:
         out = _many(info, n, rounds, warmup, time_limit, pace, procs, native=native)
@@ -830,6 +839,8 @@ def main() -> None:
     parser.add_argument("--native-floor", action="store_true", help="--ranks: also run the same clients against "
                         "native/floor_server.c (the floor's work in C, compiled with cc): what a native data plane's "
                         "socket loop could reach on this machine")
+    parser.add_argument("--frontend", choices=("loop", "native"), default="loop", help="--ranks: the controller's "
+                        "front end (controller serve --frontend): native, its C concentrator owns the connections")
     parser.add_argument("--sweep", action="store_true", help="--ranks: latency against offered load (one run per "
                         "pace, up to full rate); writes out/bench/controller-load.{json,png}")
     parser.add_argument("--paces", default=",".join(map(str, SWEEP_PACES)),
@@ -870,7 +881,7 @@ def main() -> None:
             server = native_program(Path(tmpdir), "floor_server", "--native-floor") if args.native_floor else None
             out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,
                              args.pace, args.client_procs, with_floor=not args.no_floor, native=native,
-                             native_floor=server)
+                             native_floor=server, frontend=args.frontend)
         print(json.dumps(out, indent=2))
         return
     args.rounds = args.rounds or 300

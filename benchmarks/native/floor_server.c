@@ -6,6 +6,7 @@
  *
  * stdout: one ready line, {"host": "127.0.0.1", "port": P}; then it serves until killed.
  * Exit 3 when the socket calls fail (a line on stderr says which). */
+#define _GNU_SOURCE /* accept4 */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -107,6 +108,8 @@ static void readable(int ep, int fd) {
     if (got <= 0) {
         if (got < 0 && errno == EAGAIN) return;
         epoll_ctl(ep, EPOLL_CTL_DEL, fd, NULL);
+        for (int i = 0; i < SLOTS; i++) /* its waiting acquire is dropped: a reused fd is another rank */
+            if (slots[i].waiting && slots[i].fd == fd) slots[i].waiting = 0;
         close(fd);
         free(c);
         conns[fd] = NULL;

@@ -43,6 +43,9 @@ def controller_serve_cmd(
         "--hello-timeout", help="A connection that says no hello this long is closed (default 5s).")] = None,
     max_connections: Annotated[int | None, typer.Option(
         "--max-connections", help="Rank connections at once (default 4096, capped by the fd limit).")] = None,
+    frontend: Annotated[str | None, typer.Option(
+        "--frontend", help="Who owns the rank connections: loop (the event loop) or native (a C concentrator, "
+        "compiled with cc at start-up: the kernel's per-connection work on another core).")] = None,
 ):
     """Run the controller: circuit state and port ownership in SQLite (WAL), the rank protocol on
     --port, the admin API (/state, /jobs, /metrics) on --admin-port. Prints one JSON `ready` line.
@@ -72,6 +75,10 @@ def controller_serve_cmd(
         if not 1 <= max_connections <= 1 << 20:
             raise ScenarioError(f"{max_connections} is out of range", field="--max-connections", fix="use 1..1048576")
         overrides["max_connections"] = max_connections
+    if frontend is not None:
+        if frontend not in ("loop", "native"):
+            raise ScenarioError(f"{frontend!r} is not a front end", field="--frontend", fix="use loop or native")
+        overrides["frontend"] = frontend
     if operator_token_file is not None:
         try:
             with open(operator_token_file, "rb") as f:  # bounded: a token is short (and /dev/zero never ends)

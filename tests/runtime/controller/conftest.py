@@ -16,6 +16,7 @@ import itertools
 import json
 import random
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -754,10 +755,22 @@ def _ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
         sel.close()
 
 
+NATIVE_FRONTEND = pytest.param("native", marks=pytest.mark.skipif(
+    not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")), reason="--frontend native needs a C compiler"))
+
+
 @pytest.fixture
-def spawn(tmp_path):
+def frontend() -> str:
+    """The served controller's ``--frontend``; a test runs under both with
+    ``@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])`` (which overrides this fixture)."""
+    return "loop"
+
+
+@pytest.fixture
+def spawn(tmp_path, frontend):
     """``spawn(state, *extra_args, port=0, admin_port=0, env=None) -> (proc, ready info)``: ``lightrail controller
-    serve`` (2 rails of 8 ports, 5 ms switch) on free ports unless given (a restart passes the first start's), with
+    serve --frontend <frontend>`` (2 rails of 8 ports, 5 ms switch) on free ports unless given (a restart passes the
+    first start's), with
     a generated operator token (in the info) unless ``env`` sets ``LIGHTRAIL_OPERATOR_TOKEN``; its JSON log goes to
     ``tmp_path/controller-<n>.log``; every process is killed at teardown (continued first, if a test stopped it)."""
     started = []
@@ -767,7 +780,8 @@ def spawn(tmp_path):
         log = open(tmp_path / f"controller-{len(started)}.log", "w")  # noqa: SIM115 (closed at teardown)
         proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", str(port),
                                  "--admin-port", str(admin_port), "--state", str(state), "--rails", "2", "--ports",
-                                 "8", "--ocs-delay", "5ms", *extra], stdout=subprocess.PIPE, stderr=log, text=True,
+                                 "8", "--ocs-delay", "5ms", "--frontend", frontend, *extra], stdout=subprocess.PIPE,
+                                stderr=log, text=True,
                                 env=env)
         started.append((proc, log))
         info = _ready(proc)
@@ -775,6 +789,7 @@ def spawn(tmp_path):
         # the loop every served test runs on: uvloop (the extra "service" brings it), as in production
         assert info["event_loop"] == ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
         assert info["gc_frozen_objects"] > 10_000  # the start-up's objects are out of the collector's way
+        assert info["frontend"] == frontend and ("frontend_pid" in info) == (frontend == "native")
         return proc, info
 
     yield start

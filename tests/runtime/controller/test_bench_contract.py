@@ -19,12 +19,14 @@ BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_controller.p
 
 @pytest.mark.parametrize("native", [False, True], ids=["python-ranks", "native-ranks"])
 def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(native):
+    """Native: the ranks, the floor and the controller's front end all in C."""
     pytest.importorskip("uvicorn")
     pytest.importorskip("httpx")
     if native and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         pytest.skip("--native-ranks needs a C compiler")
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1",
-                           "--time-limit", "120", *(["--native-ranks", "--native-floor"] if native else [])],
+                           "--time-limit", "120",
+                           *(["--native-ranks", "--native-floor", "--frontend", "native"] if native else [])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
@@ -36,6 +38,7 @@ def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(na
     assert out["acquires"] == out["acquires_expected"] == 16 * 3
     assert 0 < out["p50_s"] <= out["p99_s"] <= out["max_s"]
     assert out["controller_metrics"]["unsafe_reconfigurations"] == 0
+    assert ("frontend_cpu_us_per_request" in out) == native  # the concentrator's CPU, counted apart
     for name in ("floor", "native_floor") if native else ("floor",):
         floor = out[name]
         assert "error" not in floor, floor

@@ -18,6 +18,8 @@ httpx = pytest.importorskip("httpx")  # the optional extra "service" (the admin 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from tests.runtime.controller.conftest import NATIVE_FRONTEND  # noqa: E402
+
 from lightrail.errors import InfeasibleError  # noqa: E402
 from lightrail.runtime.controller.client import ControllerClient  # noqa: E402
 
@@ -54,6 +56,7 @@ def _until(check, what, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_ranks_survive_a_controller_restart_holding_and_waiting(spawn, tmp_path):
     state = tmp_path / "c.db"
     proc, info = spawn(state)

@@ -16,8 +16,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 hypothesis = pytest.importorskip("hypothesis")
+
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from tests.runtime.controller.conftest import NATIVE_FRONTEND  # noqa: E402
 
 
 def _auth(info: dict) -> dict:
@@ -61,6 +63,7 @@ class Raw:
         self.sock.close()
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_connection_cap_refuses_with_one_line_and_admin_stays_up(spawn, tmp_path):
     proc, info = spawn(tmp_path / "c.db", "--max-connections", "3")
     assert info["max_connections"] == 3
@@ -85,6 +88,7 @@ def test_connection_cap_refuses_with_one_line_and_admin_stays_up(spawn, tmp_path
         r.close()
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_a_connection_that_never_says_hello_is_closed(spawn, tmp_path):
     proc, info = spawn(tmp_path / "c.db", "--hello-timeout", "300ms")
     r = Raw(info)
@@ -96,6 +100,7 @@ def test_a_connection_that_never_says_hello_is_closed(spawn, tmp_path):
     assert _metrics(info)["lightrail_connection_timeouts_total"] == 1
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_a_silent_rank_is_failed_and_a_heartbeating_one_lives(spawn, tmp_path):
     """heartbeat_timeout 0.4 s: rank 0 sends heartbeats every 0.1 s for 1.2 s and is still served; rank 1 says
     nothing after hello and is failed: its connection closed, the failure counted and logged as silence."""

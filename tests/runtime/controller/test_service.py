@@ -20,6 +20,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+from tests.runtime.controller.conftest import NATIVE_FRONTEND  # noqa: E402
+
 from lightrail.runtime.controller.client import ControllerClient, ControllerError  # noqa: E402
 
 
@@ -51,6 +53,7 @@ def _clients(info: dict, job: str, world: int) -> list[ControllerClient]:
             for r in range(world)]
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_service_ranks_barrier_state_metrics_and_sigterm(spawn, tmp_path, record_is_safe):
     proc, info = spawn(tmp_path / "c.db")
     admin = f"http://{info['host']}:{info['admin_port']}"
@@ -212,6 +215,7 @@ def test_service_revoke_read_after_the_last_bye_is_not_acked(spawn, tmp_path):
     assert proc.wait(15) == 0
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_service_refuses_bad_requests_and_stays_up(spawn, tmp_path):
     """Every malformed line gets an error reply (echoing its id when it has one) on a connection that stays
     open: bad JSON, a non-object, unknown fields and ops, an op that is not a string, nesting 30k deep,
@@ -381,6 +385,7 @@ def test_admin_app_post_circuits_in_process(make):
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("frontend", ["loop", NATIVE_FRONTEND])
 def test_service_restart_after_sigkill_keeps_circuits_and_owners(spawn, tmp_path):
     state_file = tmp_path / "c.db"
     proc, info = spawn(state_file)

@@ -19,6 +19,7 @@ The driver is chosen per device by name, so a real switch's driver is one more e
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -63,6 +64,9 @@ class ControllerConfig(_Strict):
     hello_timeout: float = Field(5.0, gt=0)
     idle_timeout: float | None = Field(None, gt=0)  # a hello'd connection silent this long is closed (None: off)
     max_connections: int = Field(4096, ge=1)
+    # who owns the rank connections: the event loop ("loop"), or concentrator.c ("native": the kernel's
+    # per-connection work on another core, issue 17's 1,024 ranks; needs a C compiler at start-up)
+    frontend: Literal["loop", "native"] = "loop"
     max_line: int = Field(1 << 20, ge=1024)  # bytes per request line
     max_depth: int = Field(64, ge=2)  # JSON nesting levels per request, checked before parsing
     max_groups_per_job: int = Field(65536, ge=1)

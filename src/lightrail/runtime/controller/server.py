@@ -34,6 +34,7 @@ import os
 import secrets
 import signal
 import socket
+import tempfile
 import time
 from bisect import bisect_left
 from collections import deque
@@ -935,7 +936,7 @@ def operator_token(config: ControllerConfig) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
-async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
+async def _serve(config: ControllerConfig, state_path: str, ready, concentrator: Path | None = None) -> None:
     start = time.perf_counter()
     token, generated = operator_token(config)
     config = config.model_copy(update={"operator_token": token})
@@ -943,13 +944,27 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
     store = Store(state_path)
     controller = Controller(config, store, log=_log)
     ranks = RankServer(controller, config)
-    try:
-        server = await asyncio.get_running_loop().create_server(ranks.protocol, config.host, config.port,
-                                                                backlog=1024)
-    except OSError as e:
-        raise ScenarioError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}", field="--port",
-                            fix="pick a free port, or 0 for any") from None
-    port = server.sockets[0].getsockname()[1]
+    stop = asyncio.Event()
+    lost: list[str] = []
+    if config.frontend == "native":
+        from lightrail.runtime.controller.frontend import NativeFrontend
+
+        def frontend_lost() -> None:
+            if not stop.is_set():
+                lost.append("the native front end (concentrator) exited")
+                _log("frontend_lost")
+                stop.set()
+
+        server = await NativeFrontend.start(concentrator, config.host, config.port, ranks.protocol, frontend_lost)
+        port = server.port
+    else:
+        try:
+            server = await asyncio.get_running_loop().create_server(ranks.protocol, config.host, config.port,
+                                                                    backlog=1024)
+        except OSError as e:
+            raise ScenarioError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}", field="--port",
+                                fix="pick a free port, or 0 for any") from None
+        port = server.sockets[0].getsockname()[1]
     try:
         web, web_task, admin_port = await start_web(admin_app(controller, token=token, server=ranks), config.host,
                                                     config.admin_port, what="admin API", access_log=False)
@@ -962,7 +977,9 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
     info = {"host": config.host, "port": port, "admin_port": admin_port, "state": state_path,
             "devices": len(controller.devices), "max_connections": ranks.max_connections,
             "heartbeat_timeout": config.heartbeat_timeout, "startup_s": round(time.perf_counter() - start, 4),
-            "event_loop": type(loop).__module__.split(".")[0]}  # "uvloop" or "asyncio"
+            "event_loop": type(loop).__module__.split(".")[0], "frontend": config.frontend}  # loop: uvloop/asyncio
+    if config.frontend == "native":
+        info["frontend_pid"] = server.proc.pid
     # Everything allocated so far (modules, models, the web app: ~80k objects) lives as long as the process:
     # out of the collector's way, a full collection no longer walks it (measured at 1,024 ranks: one such
     # collection stalled the loop 41 ms, every outstanding acquire with it; issue 17).
@@ -970,7 +987,6 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
     info["gc_frozen_objects"] = gc.get_freeze_count()
     _log("ready", **info, operator_token="generated" if generated else "given")
     ready({**info, "operator_token": token} if generated else info)
-    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
@@ -981,6 +997,9 @@ async def _serve(config: ControllerConfig, state_path: str, ready) -> None:
     await web_task
     store.close()
     lock.release()
+    if lost:
+        raise LightrailError(lost[0], field="frontend", fix="see the controller's log; restart it (the state file "
+                             "holds the circuits; ranks reconnect)")
 
 
 def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
@@ -991,7 +1010,14 @@ def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
     check_startup(config, state_path)
     json_logging(log)
     ready = ready or (lambda info: print(json.dumps({"event": "ready", **info}), flush=True))
-    event_loop_run()(_serve(config, state_path, ready))
+    native = config.frontend == "native"
+    with tempfile.TemporaryDirectory(prefix="lightrail-frontend-") if native else contextlib.nullcontext() as build:
+        concentrator = None
+        if native:  # built before anything is written: no compiler is a one-line error
+            from lightrail.runtime.controller.frontend import compile_concentrator
+
+            concentrator = compile_concentrator(Path(build))
+        event_loop_run()(_serve(config, state_path, ready, concentrator))
 
 
 def event_loop_run():

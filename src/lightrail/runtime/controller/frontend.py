@@ -1,0 +1,183 @@
+"""The native front end (``controller serve --frontend native``): ``concentrator.c`` owns the rank connections and
+carries their bytes over one stream, in batches. Each connection is a :class:`MuxTransport` here, feeding the same
+protocol object a socket would (``RankServer.protocol``), so framing, limits, timeouts and identity are the one
+server's. What it changes is who pays the kernel: at full rate the controller's loop makes a receive and a send
+per request (7-9 of its 19-23 us at 1,024 ranks, issue 17); here it makes one of each per batch, and the
+per-connection work runs in the concentrator, on another core."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from lightrail.errors import ScenarioError
+
+SOURCE = Path(__file__).with_name("concentrator.c")
+HEADER = struct.Struct("<IBI")  # connection id, kind, payload length (concentrator.c)
+OPEN, DATA, CLOSE = ord("O"), ord("D"), ord("C")
+HIGH_WATER = 1 << 20  # bytes of unwritten replies after which the concentrator stops reading a connection
+# Replies leave every 32 (a frame each, with its header): a batch of ~1,000 requests answered only at its end made
+# its first requests wait for the whole batch (p50 18 ms at 1,024 ranks); one write per 32 costs ~0.2 us a reply.
+FLUSH_EVERY = 32
+
+
+def compile_concentrator(directory: Path) -> Path:
+    """concentrator.c built with the machine's C compiler into ``directory``; a ScenarioError naming --frontend if
+    there is none or it fails."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    fix = "install a C compiler (cc, gcc or clang, or set CC), or use --frontend loop"
+    if cc is None:
+        raise ScenarioError("the native front end needs a C compiler", field="--frontend", fix=fix)
+    binary = directory / "concentrator"
+    try:
+        done = subprocess.run([cc, "-O2", "-o", str(binary), str(SOURCE)], capture_output=True, text=True)
+    except OSError as e:
+        raise ScenarioError(f"could not run CC={cc} ({e.strerror})", field="--frontend", fix=fix) from None
+    if done.returncode != 0:
+        tail = " ".join(done.stderr.split()[-12:])
+        raise ScenarioError(f"compiling {SOURCE.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}",
+                            field="--frontend", fix=fix)
+    return binary
+
+
+class MuxTransport:
+    """One rank connection as the protocol sees it: writes and a close become frames to the concentrator (which
+    applies back-pressure itself, so reading is never paused from here)."""
+
+    def __init__(self, mux: Mux, cid: int, peer: str):
+        self.mux, self.cid, self.closing = mux, cid, False
+        host, _, port = peer.rpartition(":")
+        self.peername = (host, int(port) if port.isdigit() else 0)
+
+    def write(self, data: bytes) -> None:
+        if not self.closing:
+            self.mux.send(self.cid, DATA, data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.mux.send(self.cid, CLOSE, b"")
+
+    abort = close
+
+    def get_extra_info(self, name: str, default=None):
+        return self.peername if name == "peername" else default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class Mux(asyncio.Protocol):
+    """The controller's end of the concentrator's stream: frames in, one protocol per connection id; the replies a
+    batch produces leave in one write (others, such as a grant a timer completes, on the next loop turn)."""
+
+    def __init__(self, protocol: Callable[[], asyncio.Protocol], lost: Callable[[], None]):
+        self.protocol, self.lost = protocol, lost
+        self.conns: dict[int, tuple[asyncio.Protocol, MuxTransport]] = {}
+        self.buf = b""
+        self.out: list[bytes] = []
+        self.batch = False
+        self.flushing = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        unpack, size, conns, out, at, end = HEADER.unpack_from, HEADER.size, self.conns, self.out, 0, len(buf)
+        self.batch = True
+        try:
+            while end - at >= size:
+                cid, kind, n = unpack(buf, at)
+                if end - at - size < n:
+                    break
+                start = at + size
+                at = start + n
+                if kind == DATA:
+                    entry = conns.get(cid)
+                    if entry is not None:
+                        entry[0].data_received(buf[start:at])
+                        if len(out) >= FLUSH_EVERY:
+                            self.flush()
+                elif kind == OPEN:
+                    transport = MuxTransport(self, cid, buf[start:at].decode(errors="replace"))
+                    protocol = self.protocol()
+                    conns[cid] = (protocol, transport)
+                    protocol.connection_made(transport)
+                elif kind == CLOSE:
+                    entry = conns.pop(cid, None)
+                    if entry is not None:
+                        entry[1].closing = True
+                        entry[0].connection_lost(None)
+        finally:
+            self.batch = False
+            self.buf = buf[at:]
+            self.flush()
+
+    def send(self, cid: int, kind: int, payload: bytes) -> None:
+        self.out += (HEADER.pack(cid, kind, len(payload)), payload)
+        if not self.batch and not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flushing = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The concentrator is gone: every connection it carried is closed."""
+        conns, self.conns = self.conns, {}
+        for protocol, transport in conns.values():
+            transport.closing = True
+            protocol.connection_lost(exc)
+        self.lost()
+
+
+class NativeFrontend:
+    """The concentrator process on a listening socket bound here, and the stream to it."""
+
+    def __init__(self, proc: subprocess.Popen, mux: Mux, port: int):
+        self.proc, self.mux, self.port = proc, mux, port
+
+    @classmethod
+    async def start(cls, binary: Path, host: str, port: int, protocol: Callable[[], asyncio.Protocol],
+                    lost: Callable[[], None]) -> NativeFrontend:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            listener = socket.create_server((host, port), family=family, backlog=1024)
+        except OSError as e:
+            raise ScenarioError(f"cannot listen on {host}:{port}: {e.strerror or e}", field="--port",
+                                fix="pick a free port, or 0 for any") from None
+        ours, theirs = socket.socketpair()
+        with listener, theirs:
+            listener.setblocking(False)
+            proc = subprocess.Popen([str(binary), str(listener.fileno()), str(theirs.fileno()), str(HIGH_WATER)],
+                                    pass_fds=(listener.fileno(), theirs.fileno()))
+            bound = listener.getsockname()[1]
+        _, mux = await asyncio.get_running_loop().connect_accepted_socket(lambda: Mux(protocol, lost), ours)
+        return cls(proc, mux, bound)
+
+    def close(self) -> None:
+        if self.mux.transport is not None:
+            self.mux.transport.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

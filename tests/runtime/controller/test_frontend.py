@@ -1,0 +1,76 @@
+"""``controller serve --frontend native``: concentrator.c owns the rank connections and the controller serves them
+through one stream. The rank-protocol tests that matter at the connection level (barrier, bad lines, caps, hello and
+heartbeat timeouts, restart) run under both front ends (``frontend`` parametrized); here, what only this one has: a
+rank that does not read its replies is paused without stalling the others, a concentrator that dies stops the
+controller with one line, and a missing compiler is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from tests.runtime.controller.conftest import NATIVE_FRONTEND  # noqa: E402
+
+pytestmark = pytest.mark.parametrize("frontend", [NATIVE_FRONTEND])
+
+
+def test_a_rank_not_reading_its_replies_is_closed_at_a_bound_and_the_others_are_served(spawn, tmp_path, frontend):
+    """Back-pressure: past 1 MiB of unwritten replies the concentrator stops reading the rank; the controller still
+    answers what it was sent before, and at 4 MiB the rank is closed, so the concentrator never holds the 16 MB."""
+    proc, info = spawn(tmp_path / "c.db")
+    n = 400_000  # 12 MB of requests, 16 MB of replies
+    with socket.socket() as slow, socket.create_connection((info["host"], info["port"]), timeout=30) as other:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        slow.connect((info["host"], info["port"]))
+        slow.sendall(b"".join(b'{"id":%d,"op":"heartbeat"}\n' % (i + 1) for i in range(n)))
+        f = other.makefile("rb")
+        for i in range(20):  # another connection is answered meanwhile
+            other.sendall(b'{"id":%d,"op":"heartbeat"}\n' % (i + 1))
+            reply = json.loads(f.readline())
+            assert reply["ok"] is True and reply["id"] == i + 1
+        assert _rss_bytes(info["frontend_pid"]) < 12 << 20
+        slow.settimeout(30)
+        *lines, _ = slow.makefile("rb").read().split(b"\n")  # until it was closed (the last line may be cut)
+        ids = [json.loads(line)["id"] for line in lines]
+        assert ids == list(range(1, len(ids) + 1)) and len(ids) < n  # in order, and cut off
+    assert proc.poll() is None
+
+
+def _rss_bytes(pid: int) -> int:
+    status = open(f"/proc/{pid}/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def test_a_concentrator_that_dies_stops_the_controller_with_one_line(spawn, tmp_path, frontend):
+    proc, info = spawn(tmp_path / "c.db")
+    os.kill(info["frontend_pid"], signal.SIGKILL)
+    assert proc.wait(15) != 0
+    log = (tmp_path / "controller-0.log").read_text()
+    assert '"event": "frontend_lost"' in log
+    last = log.strip().splitlines()[-1]
+    assert "native front end (concentrator) exited" in last and "Traceback" not in log
+
+
+def test_no_compiler_is_refused_before_anything_is_written(tmp_path, frontend):
+    for cc in ("/bin/false", "/nonexistent/cc"):
+        done = subprocess.run([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0",
+                               "--admin-port", "0", "--state", str(tmp_path / "c.db"), "--frontend", "native"],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "CC": cc})
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--frontend" in lines[0] and cc in lines[0] and "Traceback" not in done.stderr
+        assert list(tmp_path.iterdir()) == []  # no state file, no lock
+    done = subprocess.run([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--state",
+                           str(tmp_path / "c.db"), "--frontend", "kernel"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--frontend" in done.stderr and "loop or native" in done.stderr
+    assert list(tmp_path.iterdir()) == []
