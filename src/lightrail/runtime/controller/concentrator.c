@@ -29,7 +29,7 @@
 #define MAX_FD 65536
 #define READ 65536
 #define HEADER 9
-#define FLUSH_BYTES 2048 /* ~32 requests: the controller starts on them while the rest of the turn is read */
+#define FLUSH_BYTES 1024 /* ~12 requests: the controller starts on them while the rest of the turn is read */
 #define MUX_TAG 0xffffffffu /* epoll data of the controller's stream; the listener's is MUX_TAG - 1 */
 
 typedef struct {
