@@ -20,6 +20,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from tests.runtime.controller.conftest import NATIVE_FRONTEND  # noqa: E402
+from tests.runtime.controller.test_service import _register  # noqa: E402
+
+from lightrail.runtime.controller.client import ControllerClient  # noqa: E402
 
 pytestmark = pytest.mark.parametrize("frontend", [NATIVE_FRONTEND])
 
@@ -52,11 +55,19 @@ def _rss_bytes(pid: int) -> int:
 
 
 def test_a_concentrator_that_dies_stops_the_controller_with_one_line(spawn, tmp_path, frontend):
+    """... and fails no rank: their connections went with it, and they reconnect to the restarted controller."""
     proc, info = spawn(tmp_path / "c.db")
+    token = _register(info, "j", 2)
+    ranks = [ControllerClient(info["host"], info["port"], job="j", rank=r, token=token, heartbeat_timeout=None)
+             for r in range(2)]
+    for r, c in enumerate(ranks):
+        c.hello(2, {"rail0": r})
     os.kill(info["frontend_pid"], signal.SIGKILL)
     assert proc.wait(15) != 0
+    for c in ranks:
+        c.close()
     log = (tmp_path / "controller-0.log").read_text()
-    assert '"event": "frontend_lost"' in log
+    assert '"event": "frontend_lost"' in log and "rank_failed" not in log
     last = log.strip().splitlines()[-1]
     assert "native front end (concentrator) exited" in last and "Traceback" not in log
 

@@ -141,11 +141,12 @@ class Mux(asyncio.Protocol):
         self.out.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """The concentrator is gone: every connection it carried is closed."""
-        conns, self.conns = self.conns, {}
-        for protocol, transport in conns.values():
+        """The concentrator is gone (or stopped with the controller): the ranks lost their connections with it,
+        but none of them failed, so no rank is failed over; the controller stops (``lost``) and its restart is
+        what they reconnect to, as after a controller restart."""
+        for _, transport in self.conns.values():
             transport.closing = True
-            protocol.connection_lost(exc)
+        self.conns = {}
         self.lost()
 
 
