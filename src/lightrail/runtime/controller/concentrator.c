@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -229,6 +231,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: concentrator LISTEN_FD MUX_FD HIGH_WATER_BYTES\n");
         return 2;
     }
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the controller: its port is free for the restart at once */
+    if (getppid() == 1) return 0;     /* the controller died before that took effect */
     lst = atoi(argv[1]);
     mux = atoi(argv[2]);
     high_water = (size_t)atol(argv[3]);
