@@ -98,41 +98,6 @@ def test_ranks_survive_a_controller_restart_holding_and_waiting(spawn, tmp_path)
             c.close()
 
 
-def test_a_rank_that_says_bye_while_the_controller_is_down_only_says_bye(spawn, tmp_path):
-    """Its reconnect re-declares nothing: a peer's bye may already have taken the ports its groups name (the
-    re-declaration was refused, and logged as a restore error, when a job ended during a restart)."""
-    state = tmp_path / "c.db"
-    proc, info = spawn(state)
-    token = _register(info, "train", 2)
-    ranks = [ControllerClient("127.0.0.1", info["port"], job="train", rank=r, token=token, timeout=60,
-                              heartbeat_timeout=1.0, reconnect_timeout=60) for r in range(2)]
-    try:
-        for r, c in enumerate(ranks):
-            c.hello(2, {"rail0": r})
-        for c in ranks:
-            c.declare("pair", [0, 1], {"rail0": {0: 1, 1: 0}})
-        proc.kill()
-        assert proc.wait(10) == -signal.SIGKILL
-        _until(lambda: not any(c.connected for c in ranks), "both ranks to see the controller gone")
-        with ThreadPoolExecutor(2) as pool:
-            byes = [pool.submit(c.bye) for c in ranks]  # sent by the reconnect
-            proc, info2 = spawn(state, info["port"], info["admin_port"])
-            assert [f.result(30)["ok"] for f in byes] == [True, True]
-        assert [c.restore_errors for c in ranks] == [[], []]
-        assert _metric(info2, 'lightrail_request_duration_seconds_count{op="group"}') == 0
-        assert _metric(info2, 'lightrail_request_duration_seconds_count{op="bye"}') == 2
-    finally:
-        for c in ranks:
-            c.close()
-
-
-def _metric(info: dict, series: str) -> float:
-    """One series of the controller's /metrics (0 while it has no sample)."""
-    with _admin(info) as admin:
-        text = admin.get("/metrics").text
-    return next((float(line[len(series) + 1:]) for line in text.splitlines() if line.startswith(series + " ")), 0.0)
-
-
 def _admin_jobs(info: dict) -> dict:
     with _admin(info) as admin:
         return admin.get("/jobs").json()

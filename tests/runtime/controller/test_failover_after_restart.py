@@ -20,12 +20,19 @@ pytest.importorskip("httpx")  # the optional extra "service" (the admin API and 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from tests.runtime.controller.test_client_restart import _admin, _admin_jobs, _metric, _until, spawn  # noqa: E402,F401
+from tests.runtime.controller.test_client_restart import _admin, _admin_jobs, _until, spawn  # noqa: E402,F401
 
 from lightrail.runtime.controller.client import ControllerClient, ControllerError  # noqa: E402
 
 PAIR = {"rail0": {0: 1, 1: 0}}
 MOVED = {"rail0": {0: 2, 2: 0}}  # rank 1's port 1 moved to the spare's port 2
+
+
+def _metric(info: dict, series: str) -> float:
+    """One series of the controller's /metrics (0 while it has no sample)."""
+    with _admin(info) as admin:
+        text = admin.get("/metrics").text
+    return next((float(line[len(series) + 1:]) for line in text.splitlines() if line.startswith(series + " ")), 0.0)
 
 
 def _hold_requests(info: dict) -> float:

@@ -523,9 +523,7 @@ class ControllerClient:
                 self._pending.clear()
             self._up = True
             self._heard = time.monotonic()
-            # A rank that said bye only reconnects to say it again: a re-declaration would be refused once a
-            # peer's bye has taken its ports, and logged as a restore error (bye also ended its holds).
-            for fields in self._declared.values() if not self._leaving else ():
+            for fields in self._declared.values():
                 self._send_locked("group", internal=True, **fields)
             for key, lease in list(self.leases.items()):
                 if lease.in_op:  # the op runs on: held, and released when it ends (not a lease any more)
