@@ -3,6 +3,7 @@
 
 Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
      .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-ranks] [--native-floor]
+                                                      [--frontend native]
      .venv/bin/python benchmarks/bench_controller.py --ranks 1024 --sweep   # latency against offered load
 
 ``--ranks N`` (issue 17's contract: prints ``p99_s`` and ``dropped``, with ``p50_s``, ``rate_per_s``, ``ranks``,
@@ -24,9 +25,10 @@ connections this script opened and greeted: a few microseconds of CPU per reques
 machine the figures are the server's more than the emulator's. ``--native-floor`` also runs the same clients against
 ``native/floor_server.c`` (the floor's work in one C epoll loop: no interpreter, no state beyond the waiting acquires),
 reported as ``native_floor``: what a native data plane's socket loop could reach here, the kernel's loopback send and
-receive being all it pays for. ``--sweep`` runs the Python ranks at a series of
-paces up to full rate, each on a fresh controller, and reports the highest acquire rate whose p99 met the 20 ms
-target (out/bench/controller-load.{json,png}).
+receive being all it pays for. ``--frontend native`` starts the controller with its C connection concentrator
+(``controller serve --frontend native``), whose CPU is reported apart (``frontend_cpu_us_per_request``).
+``--sweep`` runs the Python ranks at a series of paces up to full rate, each on a fresh controller, and reports the
+highest acquire rate whose p99 met the 20 ms target (out/bench/controller-load.{json,png}).
 
 Layout: rank r has NIC port r % 8 on rail r // 8 (8 ranks per rail, like GPU-local NICs of a rail-optimized
 cluster; 8 ranks use rail0 only, 64 ranks use rail0..rail7). Ranks are grouped in pairs on their rail, like
@@ -802,7 +804,7 @@ SWEEP_PACES = (0.4, 0.2, 0.1, 0.07, 0.05, 0.035, 0.025, 0.0)  # --sweep: each pa
 
 
 def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, procs: int,
-               paces: tuple[float, ...] = SWEEP_PACES) -> dict:
+               paces: tuple[float, ...] = SWEEP_PACES, frontend: str = "loop") -> dict:
     """Latency against offered load at ``n`` ranks (``--sweep``): one run per pace, each on a fresh controller, from a
     slow one up to full rate (pace 0, the ``--ranks`` run). Answers "up to what acquire rate does one controller keep
     p99 under the target?", which full rate alone cannot: there, by Little's law, the latency is set by the
@@ -810,7 +812,8 @@ def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
     points = []
     for i, pace in enumerate(paces):
         (tmp / f"pace{i}").mkdir()
-        run = many_ranks(tmp / f"pace{i}", n, rounds, warmup, time_limit, pace, procs, with_floor=False)
+        run = many_ranks(tmp / f"pace{i}", n, rounds, warmup, time_limit, pace, procs, with_floor=False,
+                         frontend=frontend)
         points.append({k: run.get(k) for k in ("pace_s", "rate_per_s", "p50_s", "p99_s", "max_s", "dropped",
                                                 "acquires", "acquires_expected", "controller_cpu_share", "error")})
         print(f"pace {pace} s: {run.get('rate_per_s')} acquires/s, p99 {run.get('p99_s')} s", file=sys.stderr)
@@ -866,7 +869,7 @@ def main() -> None:
                 parser.error(f"--paces {args.paces!r}: each in 0..60 s")
             with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
                 out = load_sweep(Path(tmpdir), args.ranks, args.rounds or 20, args.warmup, args.time_limit,
-                                 args.client_procs, paces)
+                                 args.client_procs, paces, args.frontend)
             from lightrail.report.files import write_json
             from lightrail.report.plots import plot_controller_load
 
