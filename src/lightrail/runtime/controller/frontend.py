@@ -88,7 +88,8 @@ class MuxTransport:
 
 class Mux(asyncio.Protocol):
     """The controller's end of the concentrator's stream: frames in, one protocol per connection id; the replies a
-    batch produces leave in one write (others, such as a grant a timer completes, on the next loop turn)."""
+    batch produces leave 8 to a write (``FLUSH_EVERY``), the rest at its end, and those written outside a batch
+    (a grant a timer completes, a push) on the next loop turn."""
 
     def __init__(self, protocol: Callable[[], asyncio.Protocol], lost: Callable[[], None]):
         self.protocol, self.lost = protocol, lost
