@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -60,6 +61,22 @@ def test_a_rank_not_reading_its_replies_is_closed_at_a_bound_and_the_others_are_
         sender.join(30)
         ids = [json.loads(line)["id"] for line in data.split(b"\n")[:-1]]  # the last line may be cut
         assert ids == list(range(1, len(ids) + 1)) and len(ids) < n  # in order, and cut off: it was closed
+    assert proc.poll() is None
+
+
+def test_a_rank_reset_amid_its_replies_ends_only_its_connection(spawn, tmp_path, frontend):
+    """Five ranks each send 20,000 requests and reset the connection (SO_LINGER 0) before reading a reply: the
+    concentrator's reads and writes to them fail (the replies still come from the controller), and it serves the
+    next connection. (The concentrator also ignores SIGPIPE, which a write racing a reset could raise.)"""
+    proc, info = spawn(tmp_path / "c.db")
+    for _ in range(5):
+        with socket.create_connection((info["host"], info["port"]), timeout=30) as gone:
+            gone.sendall(b"".join(b'{"id":%d,"op":"heartbeat"}\n' % (i + 1) for i in range(20_000)))
+            gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+    time.sleep(0.5)
+    with socket.create_connection((info["host"], info["port"]), timeout=30) as other:
+        other.sendall(b'{"id":1,"op":"heartbeat"}\n')
+        assert json.loads(other.makefile("rb").readline())["ok"] is True
     assert proc.poll() is None
 
 

@@ -231,6 +231,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: concentrator LISTEN_FD MUX_FD HIGH_WATER_BYTES\n");
         return 2;
     }
+    signal(SIGPIPE, SIG_IGN);         /* a rank gone mid-reply is an EPIPE from write, not the end of this process */
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the controller: its port is free for the restart at once */
     if (getppid() == 1) return 0;     /* the controller died before that took effect */
     lst = atoi(argv[1]);
