@@ -769,10 +769,10 @@ def frontend() -> str:
 @pytest.fixture
 def spawn(tmp_path, frontend):
     """``spawn(state, *extra_args, port=0, admin_port=0, env=None) -> (proc, ready info)``: ``lightrail controller
-    serve --frontend <frontend>`` (2 rails of 8 ports, 5 ms switch) on free ports unless given (a restart passes the
-    first start's), with
-    a generated operator token (in the info) unless ``env`` sets ``LIGHTRAIL_OPERATOR_TOKEN``; its JSON log goes to
-    ``tmp_path/controller-<n>.log``; every process is killed at teardown (continued first, if a test stopped it)."""
+    serve --frontend <frontend>`` (2 rails of 8 ports, 5 ms switch) on free ports unless given (a restart passes
+    the first start's), with a generated operator token (in the info) unless ``env`` sets
+    ``LIGHTRAIL_OPERATOR_TOKEN``; its JSON log goes to ``tmp_path/controller-<n>.log``; every process is killed at
+    teardown (continued first, if a test stopped it)."""
     started = []
 
     def start(state: Path, *extra: str, port: int = 0, admin_port: int = 0,
@@ -781,8 +781,7 @@ def spawn(tmp_path, frontend):
         proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", str(port),
                                  "--admin-port", str(admin_port), "--state", str(state), "--rails", "2", "--ports",
                                  "8", "--ocs-delay", "5ms", "--frontend", frontend, *extra], stdout=subprocess.PIPE,
-                                stderr=log, text=True,
-                                env=env)
+                                stderr=log, text=True, env=env)
         started.append((proc, log))
         info = _ready(proc)
         assert isinstance(info["startup_s"], float)  # reported, never asserted on
