@@ -28,7 +28,7 @@ reported as ``native_floor``: what a native data plane's socket loop could reach
 receive being all it pays for. ``--frontend native`` starts the controller with its C connection concentrator
 (``controller serve --frontend native``), whose CPU is reported apart (``frontend_cpu_us_per_request``).
 ``--sweep`` runs the Python ranks at a series of paces up to full rate, each on a fresh controller, and reports the
-highest acquire rate whose p99 met the 20 ms target (out/bench/controller-load.{json,png}).
+highest acquire rate whose p99 met the 20 ms target (out/bench/controller-load{,-native}.{json,png}, by front end).
 
 Layout: rank r has NIC port r % 8 on rail r // 8 (8 ranks per rail, like GPU-local NICs of a rail-optimized
 cluster; 8 ranks use rail0 only, 64 ranks use rail0..rail7). Ranks are grouped in pairs on their rail, like
@@ -845,7 +845,7 @@ def main() -> None:
     parser.add_argument("--frontend", choices=("loop", "native"), default="loop", help="--ranks: the controller's "
                         "front end (controller serve --frontend): native, its C concentrator owns the connections")
     parser.add_argument("--sweep", action="store_true", help="--ranks: latency against offered load (one run per "
-                        "pace, up to full rate); writes out/bench/controller-load.{json,png}")
+                        "pace, up to full rate); writes out/bench/controller-load{,-native}.{json,png}")
     parser.add_argument("--paces", default=",".join(map(str, SWEEP_PACES)),
                         help="--sweep: the paces, seconds, comma-separated (0: full rate)")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
@@ -873,10 +873,12 @@ def main() -> None:
             from lightrail.report.files import write_json
             from lightrail.report.plots import plot_controller_load
 
-            write_json(OUT / "controller-load.json", out)
-            plot_controller_load(out["points"], OUT / "controller-load.png", out["target_p99_s"],
-                                 f"{args.ranks} emulated ranks on loopback, pairs, lit circuits "
-                                 f"({os.cpu_count()} cores shared with the emulator)")
+            stem = "controller-load" + ("-native" if args.frontend == "native" else "")  # one file per front end
+            out["frontend"] = args.frontend
+            write_json(OUT / f"{stem}.json", out)
+            plot_controller_load(out["points"], OUT / f"{stem}.png", out["target_p99_s"],
+                                 f"{args.ranks} emulated ranks on loopback, pairs, lit circuits, {args.frontend} front "
+                                 f"end ({os.cpu_count()} cores shared with the emulator)")
             print(json.dumps(out, indent=2))
             return
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:

@@ -65,11 +65,15 @@ def test_bench_controller_native_ranks_refuses_pace_and_sweep_refuses_the_native
     assert done.returncode == 2 and "--sweep" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_bench_controller_sweep_writes_latency_against_load(tmp_path):
+@pytest.mark.parametrize("frontend", ["loop", "native"])
+def test_bench_controller_sweep_writes_latency_against_load(tmp_path, frontend):
     pytest.importorskip("uvicorn")
     pytest.importorskip("matplotlib")
+    if frontend == "native" and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+        pytest.skip("--frontend native needs a C compiler")
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1", "--sweep",
-                           "--paces", "0,0.02"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                           "--paces", "0,0.02", "--frontend", frontend], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert [p["pace_s"] for p in out["points"]] == [0.02, 0.0]  # slowest first, full rate last
@@ -77,8 +81,10 @@ def test_bench_controller_sweep_writes_latency_against_load(tmp_path):
     assert out["p99_s"] == out["points"][-1]["p99_s"] and out["dropped"] == 0
     meeting = [p["rate_per_s"] for p in out["points"] if p["p99_s"] < out["target_p99_s"]]
     assert out["max_rate_meeting_target_per_s"] == max(meeting, default=None)
-    assert json.loads((tmp_path / "out/bench/controller-load.json").read_text()) == out
-    assert (tmp_path / "out/bench/controller-load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stem = tmp_path / "out/bench" / ("controller-load-native" if frontend == "native" else "controller-load")
+    assert out["frontend"] == frontend and json.loads(stem.with_suffix(".json").read_text()) == out
+    assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(list((tmp_path / "out/bench").iterdir())) == 2  # one front end's files, not the other's
     bad = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--sweep", "--paces", "0,fast"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "--paces" in bad.stderr and "Traceback" not in bad.stderr
