@@ -59,7 +59,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import statistics
@@ -574,22 +573,14 @@ NATIVE = Path(__file__).with_name("native")  # emulated_ranks.c (--native-ranks)
 def native_program(tmp: Path, name: str, flag: str) -> Path:
     """``native/<name>.c`` compiled with the machine's C compiler; exit 2 with one line naming ``flag`` if there is
     none or it fails."""
-    source = NATIVE / f"{name}.c"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    why = "needs a C compiler (cc, gcc or clang on PATH, or CC=...)" if cc is None else None
-    if cc is not None:
-        binary = tmp / name
-        try:
-            done = subprocess.run([cc, "-O2", "-o", str(binary), str(source)], capture_output=True, text=True)
-        except OSError as e:
-            why = f"could not run CC={cc} ({e.strerror})"
-        else:
-            if done.returncode == 0:
-                return binary
-            tail = " ".join(done.stderr.split()[-12:])
-            why = f"compiling {source.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}"
-    print(f"bench_controller: {flag} {why}", file=sys.stderr)
-    raise SystemExit(2)
+    from lightrail.errors import ScenarioError
+    from lightrail.runtime.controller.frontend import compile_c
+
+    try:
+        return compile_c(NATIVE / f"{name}.c", tmp / name, flag, "install cc, gcc or clang, or set CC")
+    except ScenarioError as e:
+        print(f"bench_controller: {flag} {e.message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _native_run(info, token, n, pairs, rounds, warmup, time_limit, binary, admin):

@@ -16,7 +16,6 @@ import itertools
 import json
 import random
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import pytest
 
 from lightrail.runtime.controller.config import ControllerConfig, DeviceConfig, default_config
 from lightrail.runtime.controller.core import Controller
+from lightrail.runtime.controller.frontend import c_compiler
 from lightrail.runtime.controller.protocol import Ack, Acquire, Group, Hello, Release
 from lightrail.runtime.controller.store import Store
 from lightrail.runtime.ocs import changed_ports
@@ -756,7 +756,7 @@ def _ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
 
 
 NATIVE_FRONTEND = pytest.param("native", marks=pytest.mark.skipif(
-    not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")), reason="--frontend native needs a C compiler"))
+    c_compiler() is None, reason="--frontend native needs a C compiler"))
 
 
 @pytest.fixture

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lightrail.runtime.controller.frontend import c_compiler
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_controller.py"
 
@@ -22,7 +23,7 @@ def test_bench_controller_ranks_prints_the_contract_keys_with_nothing_dropped(na
     """Native: the ranks, the floor and the controller's front end all in C."""
     pytest.importorskip("uvicorn")
     pytest.importorskip("httpx")
-    if native and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+    if native and c_compiler() is None:
         pytest.skip("--native-ranks needs a C compiler")
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1",
                            "--time-limit", "120",
@@ -69,7 +70,7 @@ def test_bench_controller_native_ranks_refuses_pace_and_sweep_refuses_the_native
 def test_bench_controller_sweep_writes_latency_against_load(tmp_path, frontend):
     pytest.importorskip("uvicorn")
     pytest.importorskip("matplotlib")
-    if frontend == "native" and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
+    if frontend == "native" and c_compiler() is None:
         pytest.skip("--frontend native needs a C compiler")
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "16", "--rounds", "3", "--warmup", "1", "--sweep",
                            "--paces", "0,0.02", "--frontend", frontend], capture_output=True, text=True, timeout=300,

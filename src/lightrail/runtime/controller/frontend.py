@@ -22,29 +22,38 @@ SOURCE = Path(__file__).with_name("concentrator.c")
 HEADER = struct.Struct("<IBI")  # connection id, kind, payload length (concentrator.c)
 OPEN, DATA, CLOSE = ord("O"), ord("D"), ord("C")
 HIGH_WATER = 1 << 20  # bytes of unwritten replies after which the concentrator stops reading a connection
-# Replies leave every 8 (a frame each, with its header): a batch of ~1,000 requests answered only at its end made
-# its first requests wait for the whole batch (p50 18 ms at 1,024 ranks, against 12-13 ms this way; every 16 or 4
-# measured no better).
-FLUSH_EVERY = 16
+# Replies leave every 8: a batch of ~1,000 requests answered only at its end made its first requests wait for the
+# whole batch (p50 18 ms at 1,024 ranks, against 12-13 ms this way; every 16 or 4 measured no better). Counted in
+# entries of the output list, a header and a payload per reply.
+FLUSH_EVERY = 2 * 8
+
+
+def c_compiler() -> str | None:
+    """The machine's C compiler: ``$CC``, else cc, gcc or clang on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def compile_c(source: Path, binary: Path, field: str, fix: str) -> Path:
+    """``source`` built with :func:`c_compiler` (-O2) into ``binary``; a ScenarioError naming ``field`` if there is
+    no compiler or it fails (the message names the compiler and ends with its last words)."""
+    cc = c_compiler()
+    if cc is None:
+        raise ScenarioError("needs a C compiler (cc, gcc or clang on PATH, or CC=...)", field=field, fix=fix)
+    try:
+        done = subprocess.run([cc, "-O2", "-o", str(binary), str(source)], capture_output=True, text=True)
+    except OSError as e:
+        raise ScenarioError(f"could not run CC={cc} ({e.strerror})", field=field, fix=fix) from None
+    if done.returncode != 0:
+        tail = " ".join(done.stderr.split()[-12:])
+        raise ScenarioError(f"compiling {source.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}",
+                            field=field, fix=fix)
+    return binary
 
 
 def compile_concentrator(directory: Path) -> Path:
-    """concentrator.c built with the machine's C compiler into ``directory``; a ScenarioError naming --frontend if
-    there is none or it fails."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    fix = "install a C compiler (cc, gcc or clang, or set CC), or use --frontend loop"
-    if cc is None:
-        raise ScenarioError("the native front end needs a C compiler", field="--frontend", fix=fix)
-    binary = directory / "concentrator"
-    try:
-        done = subprocess.run([cc, "-O2", "-o", str(binary), str(SOURCE)], capture_output=True, text=True)
-    except OSError as e:
-        raise ScenarioError(f"could not run CC={cc} ({e.strerror})", field="--frontend", fix=fix) from None
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.split()[-12:])
-        raise ScenarioError(f"compiling {SOURCE.name} with {cc} failed (exit {done.returncode}){tail and ': ' + tail}",
-                            field="--frontend", fix=fix)
-    return binary
+    """concentrator.c built into ``directory``; a ScenarioError naming --frontend if it cannot be."""
+    return compile_c(SOURCE, directory / "concentrator", "--frontend",
+                     "install a C compiler (cc, gcc or clang, or set CC), or use --frontend loop")
 
 
 class MuxTransport:
