@@ -51,6 +51,21 @@ def test_state_is_a_copy():
     assert ocs.state() == {0: 1}
 
 
+def test_lit_is_the_state_without_the_copy_read_only_and_current():
+    """``lit()`` (what the controller reads per round) is ``state()`` without the copy: it cannot be written
+    through, and after a change it shows the new circuits (the cache is dropped on apply and restore)."""
+    ocs = EmulatedOCS(ports=8)
+    ocs.apply({0: 1}, now=0.0)
+    view = ocs.lit()
+    assert view == ocs.state() == {0: 1} and ocs.lit() is view
+    with pytest.raises(TypeError):
+        view[2] = 3  # type: ignore[index]
+    ocs.apply({2: 3}, now=1.0)
+    assert ocs.lit() == {0: 1, 2: 3}
+    ocs.restore({4: 5})
+    assert ocs.lit() == ocs.state() == {4: 5}
+
+
 def test_reapplying_the_same_circuits_is_free():
     ocs = EmulatedOCS(ports=8, delay_s=0.015)
     ocs.apply({0: 1, 2: 3}, now=1.0)

@@ -407,3 +407,49 @@ def test_a_waiting_members_grant_is_written_by_the_request_that_completes_the_gr
     assert failed_in_call == []  # not written inside set_exception
     assert replies[0][-1]["id"] == 11 and replies[0][-1]["ok"] is False
     assert replies[0][-1]["error"]["message"] == "gone"
+
+
+def _traced(h) -> list:
+    """Every grant (when, which group, to whom, per op or lease) and every switch change of ``h``'s controller."""
+    trace, c = [], h.c
+    inner = c._grant
+
+    def grant(g):
+        trace.append(("grant", h.vt.clock(), g.job, g.key, tuple(sorted(g.acquirers)), tuple(sorted(g.lease_asks))))
+        inner(g)
+    c._grant = grant
+    for name, driver in c.devices.items():
+        def apply(changes, now, _inner=driver.apply, _name=name):
+            trace.append(("switch", now, _name, tuple(sorted(changes.items(), key=str))))
+            return _inner(changes, now)
+        driver.apply = apply
+    return trace
+
+
+@pytest.mark.parametrize("kind", ["per-op", "per-op-prepare", "per-op-reuse", "lease"])
+def test_granting_at_once_changes_no_grant_and_no_switch(kind, Harness, LeaseHarness, monkeypatch):
+    """``_grant_at_once`` (an acquire that completes the only ready group, lit and settled, grants it without the
+    scheduler's pass) is the scheduler's own decision: the randomized programs of the safety tests give the same
+    grants, in the same order at the same times, and the same switch changes, with it and without it."""
+    from lightrail.runtime.controller.core import Controller
+
+    def run(seed):
+        if kind == "lease":
+            h = LeaseHarness(seed, bursty=seed % 2 == 0, prepare=0.3)
+        else:
+            h = Harness(seed, bursty=seed % 2 == 0, prepare=0.3 if kind == "per-op-prepare" else 0.0,
+                        reuse_when_left=kind != "per-op-reuse")
+        trace = _traced(h)
+        asyncio.run(h.run())
+        counters = {k: v for k, v in h.c.counters.items()}
+        return trace, counters
+
+    real, granted = Controller._grant_at_once, []
+    for seed in range(30):
+        monkeypatch.setattr(Controller, "_grant_at_once", lambda self, g: real(self, g) and not granted.append(g))
+        fast_trace, fast_counters = run(seed)
+        monkeypatch.setattr(Controller, "_grant_at_once", lambda self, g: False)
+        slow_trace, slow_counters = run(seed)
+        assert fast_trace == slow_trace, seed
+        assert fast_counters == slow_counters, seed
+    assert len(granted) > 100  # not vacuous: the shortcut granted, often

@@ -47,6 +47,11 @@ class OCSDriver(Protocol):
         """The lit circuits, ``{input: output}`` (a copy the caller may modify)."""
         ...
 
+    def lit(self) -> Mapping[int, int]:
+        """The lit circuits as :meth:`state` has them, without the copy: read-only, valid until the next change
+        (the controller reads it once per granted round)."""
+        ...
+
     def validate(self, changes: Changes) -> dict[int, int]:
         """Check ``changes`` against the current state without applying them; return the resulting configuration.
 

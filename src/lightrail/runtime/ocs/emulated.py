@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -69,18 +70,21 @@ class EmulatedOCS:
         self.circuit_changes = 0
         self.last_changed: set[int] = set()
         self.circuits = CircuitState(1, ports, self.delay_s)  # the same model the simulator's rails use
-        self._state: dict[int, int] | None = None  # state() cached between changes (the controller asks often)
+        self._state: Mapping[int, int] | None = None  # state() cached between changes (the controller asks often)
 
     def __repr__(self) -> str:
         return (f"EmulatedOCS(name={self.name!r}, ports={self.ports}, delay_s={self.delay_s}, "
                 f"duplex={self.duplex}, lit={len(self.state())})")
 
     def state(self) -> dict[int, int]:
+        return dict(self.lit())
+
+    def lit(self) -> Mapping[int, int]:
         if self._state is None:
             perm = self.circuits.tx_target[0]
             lit = np.flatnonzero(perm >= 0)
-            self._state = dict(zip(lit.tolist(), perm[lit].tolist(), strict=True))
-        return dict(self._state)
+            self._state = MappingProxyType(dict(zip(lit.tolist(), perm[lit].tolist(), strict=True)))
+        return self._state
 
     def lit_at(self) -> float:
         """When the last change's circuits are lit (the largest dark-until over the ports)."""
