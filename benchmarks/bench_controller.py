@@ -2,9 +2,15 @@
 64 ranks on loopback, without OCS delay (``--ocs-delay 0``). Prints one JSON object; asserts nothing about speed.
 
 Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
-     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-ranks] [--native-floor]
-                                                      [--frontend native]
+     .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-floor]
+                        [--frontend auto|loop|native] [--emulated-ranks auto|native|python] [--pin auto|on|off]
      .venv/bin/python benchmarks/bench_controller.py --ranks 1024 --sweep   # latency against offered load
+
+By default ``--ranks N`` measures the controller as it is configured for that scale, on a load generator that
+leaves it the CPU: the native front end, the native emulated ranks, and the controller alone on one CPU with the
+rest of the run on the others (each where this machine can: Linux, a C compiler, 2 CPUs; else the loop front end,
+the Python ranks, unpinned). The JSON says which (``frontend``, ``emulated_ranks``, ``pinned``);
+``--frontend loop --emulated-ranks python --pin off`` is the all-Python run.
 
 ``--ranks N`` (issue 17's contract: prints ``p99_s`` and ``dropped``, with ``p50_s``, ``rate_per_s``, ``ranks``,
 ``groups``): N emulated ranks on loopback, one connection each, in 64-port rails (N/2 pair groups whose circuits are
@@ -20,13 +26,15 @@ controller. At full rate every rank always has a request outstanding, so by Litt
 N / (requests per second): the latency measures the machine's throughput. ``floor`` (skip: ``--no-floor``) is
 the same run against the least a server can do (parse each line, answer, pair the acquires; no identity, state,
 safety or metrics): the latency any Python server on uvloop gets from this machine and these clients.
-``--native-ranks`` runs the same pair loops in ``native/emulated_ranks.c`` (compiled with the machine's ``cc``) on
-connections this script opened and greeted: a few microseconds of CPU per request instead of 12-17, so on a 2-core
-machine the figures are the server's more than the emulator's. ``--native-floor`` also runs the same clients against
-``native/floor_server.c`` (the floor's work in one C epoll loop: no interpreter, no state beyond the waiting acquires),
-reported as ``native_floor``: what a native data plane's socket loop could reach here, the kernel's loopback send and
-receive being all it pays for. ``--frontend native`` starts the controller with its C connection concentrator
-(``controller serve --frontend native``), whose CPU is reported apart (``frontend_cpu_us_per_request``).
+``--native-ranks`` (``--emulated-ranks native``) runs the same pair loops in ``native/emulated_ranks.c`` (compiled
+with the machine's ``cc``) on connections this script opened and greeted: a few microseconds of CPU per request
+instead of 12-17, so on a 2-core machine the figures are the server's more than the emulator's. ``--native-floor``
+also runs the same clients against ``native/floor_server.c`` (the floor's work in one C epoll loop: no interpreter,
+no state beyond the waiting acquires), reported as ``native_floor``: what a native data plane's socket loop could
+reach here, the kernel's loopback send and receive being all it pays for. ``--frontend native`` starts the
+controller with its C connection concentrator (``controller serve --frontend native``), whose CPU is reported apart
+(``frontend_cpu_us_per_request``). ``--pin`` (see :class:`Pinning`) runs the server under test (the controller, or a
+floor) alone on one CPU.
 ``--sweep`` runs the Python ranks at a series of paces up to full rate, each on a fresh controller, and reports the
 highest acquire rate whose p99 met the 20 ms target (out/bench/controller-load{,-native}.{json,png}, by front end).
 
@@ -56,6 +64,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -583,6 +592,77 @@ def native_program(tmp: Path, name: str, flag: str) -> Path:
         raise SystemExit(2) from None
 
 
+def native_or_fallback(tmp: Path, name: str, flag: str, asked: str) -> Path | None:
+    """``asked`` "native": ``native/<name>.c`` compiled, or exit 2 naming ``flag``; "auto": compiled where this
+    machine can (Linux, a working C compiler), else None (the Python counterpart); anything else: None."""
+    if asked == "native":
+        return native_program(tmp, name, flag)
+    if asked != "auto" or not sys.platform.startswith("linux"):
+        return None
+    from lightrail.errors import ScenarioError
+    from lightrail.runtime.controller.frontend import compile_c
+
+    try:
+        return compile_c(NATIVE / f"{name}.c", tmp / name, flag, "")
+    except ScenarioError:
+        return None
+
+
+def native_frontend_builds(tmp: Path) -> bool:
+    """``--frontend auto``: the controller's C concentrator builds here (Linux, a working C compiler)."""
+    from lightrail.errors import ScenarioError
+    from lightrail.runtime.controller.frontend import compile_concentrator
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        compile_concentrator(tmp)
+    except ScenarioError:
+        return False
+    return True
+
+
+class Pinning:
+    """``--pin``: the server under test (controller or floor, every thread of it) runs alone on the first CPU this
+    process may use; everything else the run starts (the controller's front end, the emulated ranks, this process)
+    on the others. On a 2-core machine the emulator would otherwise take turns with the server on its core, and a
+    request's latency would include waiting for the emulator's time slice (p99 16-19 ms at 1,024 ranks pinned,
+    17-21 ms not, on this repository's 2-core machine). None where there is a single CPU or no affinity call."""
+
+    def __init__(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        self.server, self.others, self.own = cpus[:1], cpus[1:], set(cpus)
+
+    @classmethod
+    def make(cls, on: bool) -> Pinning | None:
+        if not on or not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+            return None
+        return cls()
+
+    @staticmethod
+    def _set(pid: int, cpus: list[int]) -> None:
+        for task in Path(f"/proc/{pid}/task").iterdir():  # a thread's affinity is its own: set each one's
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+
+    def server_started(self, pid: int, frontend_pid: int | None = None) -> None:
+        self._set(pid, self.server)
+        if frontend_pid:
+            self._set(frontend_pid, self.others)
+
+    def __enter__(self) -> Pinning:
+        os.sched_setaffinity(0, self.others)  # the emulated ranks are this process's children: they inherit it
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.sched_setaffinity(0, self.own)
+
+    def describe(self) -> dict:
+        return {"server_cpus": self.server, "other_cpus": self.others}
+
+
 def _native_run(info, token, n, pairs, rounds, warmup, time_limit, binary, admin):
     """The ranks as the native program: this process connects them, says hello and declares the pairs' groups on
     blocking sockets, then hands the connections over (inherited descriptors) and runs the loops there."""
@@ -728,13 +808,15 @@ def _floor_serve() -> None:
 
 
 def floor(n: int, rounds: int, warmup: int, time_limit: float, pace: float, procs: int,
-          native: Path | None = None, server: Path | None = None) -> dict:
+          native: Path | None = None, server: Path | None = None, pin: Pinning | None = None) -> dict:
     """The ``--ranks`` run against the floor server (same clients, same layout, same counts); ``server``: the
     compiled floor_server.c instead of the Python one (``--native-floor``)."""
     command = [str(server)] if server else [sys.executable, __file__, "--floor-server"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         info = {**json.loads(proc.stdout.readline()), "pid": proc.pid}
+        if pin is not None:
+            pin.server_started(proc.pid)
         return _many(info, n, rounds, warmup, time_limit, pace, procs, floor=True, native=native)
     finally:
         proc.kill()
@@ -762,29 +844,34 @@ def _requests(admin: str) -> float:
 
 def many_ranks(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, pace: float = 0.0,
                procs: int = 2, with_floor: bool = True, native: Path | None = None,
-               native_floor: Path | None = None, frontend: str = "loop") -> dict:
+               native_floor: Path | None = None, frontend: str = "loop", pin: Pinning | None = None) -> dict:
     rails = -(-n // WIDE_RAIL)
-    proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL),
-                                                "--frontend", frontend))
-    info["pid"] = proc.pid
-    try:
-        out = _many(info, n, rounds, warmup, time_limit, pace, procs, native=native)
-        out["controller_metrics"] = _controller_metrics(f"http://{info['host']}:{info['admin_port']}")
-    except Exception as e:  # noqa: BLE001 (reported in the JSON)
-        out = {"ranks": n, "error": repr(e), "p99_s": None, "dropped": None,
-               "controller_log_tail": _log_tail(tmp / "many.db")}
-    out["controller_exit_code"] = _stop(proc)
-    out["controller_startup_wall_s"] = round(wall, 3)
-    if with_floor:
+    with pin or contextlib.nullcontext():
+        proc, info, wall = _start(tmp / "many.db", ("--rails", str(rails), "--ports", str(WIDE_RAIL),
+                                                    "--frontend", frontend))
+        info["pid"] = proc.pid
         try:
-            out["floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native)
+            if pin is not None:
+                pin.server_started(proc.pid, info.get("frontend_pid"))
+            out = _many(info, n, rounds, warmup, time_limit, pace, procs, native=native)
+            out["controller_metrics"] = _controller_metrics(f"http://{info['host']}:{info['admin_port']}")
         except Exception as e:  # noqa: BLE001 (reported in the JSON)
-            out["floor"] = {"error": repr(e)}
-    if native_floor is not None:
-        try:
-            out["native_floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native, native_floor)
-        except Exception as e:  # noqa: BLE001 (reported in the JSON)
-            out["native_floor"] = {"error": repr(e)}
+            out = {"ranks": n, "error": repr(e), "p99_s": None, "dropped": None,
+                   "controller_log_tail": _log_tail(tmp / "many.db")}
+        out["controller_exit_code"] = _stop(proc)
+        out["controller_startup_wall_s"] = round(wall, 3)
+        if with_floor:
+            try:
+                out["floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native, pin=pin)
+            except Exception as e:  # noqa: BLE001 (reported in the JSON)
+                out["floor"] = {"error": repr(e)}
+        if native_floor is not None:
+            try:
+                out["native_floor"] = floor(n, rounds, warmup, time_limit, pace, procs, native, native_floor, pin)
+            except Exception as e:  # noqa: BLE001 (reported in the JSON)
+                out["native_floor"] = {"error": repr(e)}
+    out["frontend"] = frontend
+    out["pinned"] = pin.describe() if pin is not None else None
     out["target_p99_s"] = 0.020
     out["meets_target"] = out.get("p99_s") is not None and out["p99_s"] < 0.020 and out["dropped"] == 0
     out["machine"] = {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}
@@ -795,7 +882,7 @@ SWEEP_PACES = (0.4, 0.2, 0.1, 0.07, 0.05, 0.035, 0.025, 0.0)  # --sweep: each pa
 
 
 def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, procs: int,
-               paces: tuple[float, ...] = SWEEP_PACES, frontend: str = "loop") -> dict:
+               paces: tuple[float, ...] = SWEEP_PACES, frontend: str = "loop", pin: Pinning | None = None) -> dict:
     """Latency against offered load at ``n`` ranks (``--sweep``): one run per pace, each on a fresh controller, from a
     slow one up to full rate (pace 0, the ``--ranks`` run). Answers "up to what acquire rate does one controller keep
     p99 under the target?", which full rate alone cannot: there, by Little's law, the latency is set by the
@@ -804,7 +891,7 @@ def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
     for i, pace in enumerate(paces):
         (tmp / f"pace{i}").mkdir()
         run = many_ranks(tmp / f"pace{i}", n, rounds, warmup, time_limit, pace, procs, with_floor=False,
-                         frontend=frontend)
+                         frontend=frontend, pin=pin)
         points.append({k: run.get(k) for k in ("pace_s", "rate_per_s", "p50_s", "p99_s", "max_s", "dropped",
                                                 "acquires", "acquires_expected", "controller_cpu_share", "error")})
         print(f"pace {pace} s: {run.get('rate_per_s')} acquires/s, p99 {run.get('p99_s')} s", file=sys.stderr)
@@ -817,6 +904,12 @@ def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
             "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}}
 
 
+def _frontend(tmp: Path, asked: str) -> str:
+    if asked != "auto":
+        return asked
+    return "native" if native_frontend_builds(tmp) else "loop"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default 300; 50 with --ranks)")
@@ -827,14 +920,23 @@ def main() -> None:
                         "(0: full rate, every pair back to back)")
     parser.add_argument("--client-procs", type=int, default=2, help="--ranks: client processes sharing the ranks")
     parser.add_argument("--no-floor", action="store_true", help="--ranks: skip the run against the floor server")
-    parser.add_argument("--native-ranks", action="store_true", help="--ranks: emulate the ranks with native/"
-                        "emulated_ranks.c (compiled with cc) instead of Python client processes, so the emulator's "
-                        "own CPU distorts the latencies less")
+    parser.add_argument("--emulated-ranks", choices=("auto", "native", "python"), default="auto",
+                        help="--ranks: native, the pair loops of native/emulated_ranks.c (compiled with cc), a few "
+                        "us of CPU per request; python, Python client processes (12-17 us, more than the controller "
+                        "itself on 2 cores). auto (default): native where it builds, at full rate with an even "
+                        "--ranks; else python")
+    parser.add_argument("--native-ranks", dest="emulated_ranks", action="store_const", const="native",
+                        help="--ranks: --emulated-ranks native")
     parser.add_argument("--native-floor", action="store_true", help="--ranks: also run the same clients against "
                         "native/floor_server.c (the floor's work in C, compiled with cc): what a native data plane's "
                         "socket loop could reach on this machine")
-    parser.add_argument("--frontend", choices=("loop", "native"), default="loop", help="--ranks: the controller's "
-                        "front end (controller serve --frontend): native, its C concentrator owns the connections")
+    parser.add_argument("--frontend", choices=("auto", "loop", "native"), default="auto", help="--ranks: the "
+                        "controller's front end (controller serve --frontend): native, its C concentrator owns the "
+                        "connections, the controller's configuration for 1,024 ranks; auto (default): native where "
+                        "it builds (Linux, cc), else loop")
+    parser.add_argument("--pin", choices=("auto", "on", "off"), default="auto", help="--ranks: run the server under "
+                        "test alone on one CPU, its front end and the emulated ranks on the others; auto (default): "
+                        "on with the native emulated ranks (the Python ones need every core)")
     parser.add_argument("--sweep", action="store_true", help="--ranks: latency against offered load (one run per "
                         "pace, up to full rate); writes out/bench/controller-load{,-native}.{json,png}")
     parser.add_argument("--paces", default=",".join(map(str, SWEEP_PACES)),
@@ -847,10 +949,10 @@ def main() -> None:
     if args.ranks is not None:
         if not 2 <= args.ranks <= 65536:
             parser.error("--ranks must be in 2..65536")
-        if args.native_ranks and (args.pace or args.ranks % 2):
-            parser.error("--native-ranks runs full rate (no --pace) with an even --ranks")
+        if args.emulated_ranks == "native" and (args.pace or args.ranks % 2):
+            parser.error("--native-ranks (--emulated-ranks native) runs full rate (no --pace) with an even --ranks")
         if args.sweep:
-            if args.native_ranks or args.native_floor or args.pace:
+            if args.emulated_ranks == "native" or args.native_floor or args.pace:
                 parser.error("--sweep sets the pace itself, with the Python emulated ranks (and no floor)")
             try:
                 paces = tuple(sorted({float(p) for p in args.paces.split(",")}, reverse=True))
@@ -859,25 +961,30 @@ def main() -> None:
             if not all(0 <= p <= 60 for p in paces):
                 parser.error(f"--paces {args.paces!r}: each in 0..60 s")
             with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
+                frontend = _frontend(Path(tmpdir), args.frontend)
                 out = load_sweep(Path(tmpdir), args.ranks, args.rounds or 20, args.warmup, args.time_limit,
-                                 args.client_procs, paces, args.frontend)
+                                 args.client_procs, paces, frontend, Pinning.make(args.pin == "on"))
             from lightrail.report.files import write_json
             from lightrail.report.plots import plot_controller_load
 
-            stem = "controller-load" + ("-native" if args.frontend == "native" else "")  # one file per front end
-            out["frontend"] = args.frontend
+            stem = "controller-load" + ("-native" if frontend == "native" else "")  # one file per front end
+            out["frontend"] = frontend
             write_json(OUT / f"{stem}.json", out)
             plot_controller_load(out["points"], OUT / f"{stem}.png", out["target_p99_s"],
-                                 f"{args.ranks} emulated ranks on loopback, pairs, lit circuits, {args.frontend} front "
+                                 f"{args.ranks} emulated ranks on loopback, pairs, lit circuits, {frontend} front "
                                  f"end ({os.cpu_count()} cores shared with the emulator)")
             print(json.dumps(out, indent=2))
             return
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
-            native = native_program(Path(tmpdir), "emulated_ranks", "--native-ranks") if args.native_ranks else None
-            server = native_program(Path(tmpdir), "floor_server", "--native-floor") if args.native_floor else None
-            out = many_ranks(Path(tmpdir), args.ranks, args.rounds or 50, args.warmup, args.time_limit,
+            tmp = Path(tmpdir)
+            full_rate = not args.pace and args.ranks % 2 == 0
+            native = native_or_fallback(tmp, "emulated_ranks", "--native-ranks",
+                                        args.emulated_ranks if full_rate else "python")
+            server = native_program(tmp, "floor_server", "--native-floor") if args.native_floor else None
+            pin = Pinning.make(args.pin == "on" or (args.pin == "auto" and native is not None))
+            out = many_ranks(tmp, args.ranks, args.rounds or 50, args.warmup, args.time_limit,
                              args.pace, args.client_procs, with_floor=not args.no_floor, native=native,
-                             native_floor=server, frontend=args.frontend)
+                             native_floor=server, frontend=_frontend(tmp, args.frontend), pin=pin)
         print(json.dumps(out, indent=2))
         return
     args.rounds = args.rounds or 300
