@@ -363,6 +363,10 @@ def bind(conn, client_id: str, job: int, rnd: int, *, manager: str | None = None
                                (client_id, job, rnd, manager)).fetchone()
             if got is None:
                 raise _Busy
+            # bound_at's default was taken when the row was formed, before the insert waited for a transaction
+            # ending this client's previous binding: stamped again now, it is after that binding's done_at (the
+            # unique index kept them apart, and the intervals say so; the stress test saw one such overlap)
+            conn.execute(f"UPDATE bindings SET bound_at = {_NOW} WHERE id = %s", got)
     except _Busy:
         return "busy"
     except _Full:
