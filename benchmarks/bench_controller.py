@@ -592,34 +592,25 @@ def native_program(tmp: Path, name: str, flag: str) -> Path:
         raise SystemExit(2) from None
 
 
-def native_or_fallback(tmp: Path, name: str, flag: str, asked: str) -> Path | None:
-    """``asked`` "native": ``native/<name>.c`` compiled, or exit 2 naming ``flag``; "auto": compiled where this
-    machine can (Linux, a working C compiler), else None (the Python counterpart); anything else: None."""
-    if asked == "native":
-        return native_program(tmp, name, flag)
-    if asked != "auto" or not sys.platform.startswith("linux"):
-        return None
+def _built(source: Path, binary: Path) -> Path | None:
+    """``source`` compiled into ``binary`` where this machine can (Linux, a working C compiler), else None."""
     from lightrail.errors import ScenarioError
     from lightrail.runtime.controller.frontend import compile_c
 
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        return compile_c(NATIVE / f"{name}.c", tmp / name, flag, "")
+        return compile_c(source, binary, "", "")
     except ScenarioError:
         return None
 
 
-def native_frontend_builds(tmp: Path) -> bool:
-    """``--frontend auto``: the controller's C concentrator builds here (Linux, a working C compiler)."""
-    from lightrail.errors import ScenarioError
-    from lightrail.runtime.controller.frontend import compile_concentrator
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        compile_concentrator(tmp)
-    except ScenarioError:
-        return False
-    return True
+def native_or_fallback(tmp: Path, name: str, flag: str, asked: str) -> Path | None:
+    """``asked`` "native": ``native/<name>.c`` compiled, or exit 2 naming ``flag``; "auto": compiled where this
+    machine can, else None (the Python counterpart); anything else: None."""
+    if asked == "native":
+        return native_program(tmp, name, flag)
+    return _built(NATIVE / f"{name}.c", tmp / name) if asked == "auto" else None
 
 
 class Pinning:
@@ -906,9 +897,12 @@ def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
 
 
 def _frontend(tmp: Path, asked: str) -> str:
+    """``--frontend``: auto is native where the controller's concentrator builds here (Linux, a C compiler)."""
+    from lightrail.runtime.controller.frontend import SOURCE
+
     if asked != "auto":
         return asked
-    return "native" if native_frontend_builds(tmp) else "loop"
+    return "native" if _built(SOURCE, tmp / "concentrator") else "loop"
 
 
 def main() -> None:
