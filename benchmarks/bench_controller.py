@@ -618,7 +618,7 @@ class Pinning:
     process may use; everything else the run starts (the controller's front end, the emulated ranks, this process)
     on the others. On a 2-core machine the emulator would otherwise take turns with the server on its core, and a
     request's latency would include waiting for the emulator's time slice (at 1,024 ranks on this repository's
-    2-core machine: p99 median 16.5 ms pinned, 11 runs; 18.6 ms not). None where there is a single CPU or no affinity
+    2-core machine: p99 median 16.5 ms pinned, 12 runs; 18.6 ms not). None where there is a single CPU or no affinity
     call."""
 
     def __init__(self):
