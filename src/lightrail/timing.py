@@ -25,6 +25,7 @@ import numpy as np
 from lightrail.collectives.schedule import Schedule
 from lightrail.errors import InfeasibleError
 from lightrail.fabric.topology import Topology
+from lightrail.sharing import OpCost
 
 __all__ = ["Routes", "StepModel", "Engine", "CollectiveTiming"]
 
@@ -42,10 +43,13 @@ class Routes:
 
 @dataclass(frozen=True)
 class StepModel:
-    """One step pattern: pair i takes ``latency[i] + chunk_bytes * per_byte[i]`` (plus alpha)."""
+    """One step pattern: pair i takes ``latency[i] + chunk_bytes * per_byte[i]`` (plus alpha); link
+    ``link[j]`` is busy ``chunk_bytes * link_per_byte[j]`` seconds (what flow-level sharing charges)."""
 
     latency: np.ndarray
     per_byte: np.ndarray
+    link: np.ndarray | None = None
+    link_per_byte: np.ndarray | None = None
 
     def time(self, chunk_bytes: float, alpha: float) -> float:
         if not len(self.latency):
@@ -246,7 +250,8 @@ class Engine:
                            minlength=self.topology.num_links)
         per_byte = np.zeros(len(uniq))
         np.maximum.at(per_byte, routes.pair, load[routes.link] / self.topology.bandwidth[routes.link])
-        return StepModel(routes.latency, per_byte)
+        used = np.flatnonzero(load)
+        return StepModel(routes.latency, per_byte, used, load[used] / self.topology.bandwidth[used])
 
     # -- rings in closed form ------------------------------------------------------------------
     @functools.cached_property
@@ -299,10 +304,14 @@ class Engine:
         cw_links, ccw_links, hop_latency = self._ring
         per_byte = np.zeros(len(src))
         latency = np.zeros(len(src))
+        used, used_per_byte = [], []
         for (take, a, k, load), links in zip(self._ring_loads(src, dst, weight), (cw_links, ccw_links),
                                              strict=True):
             if not len(a):
                 continue
+            at = np.flatnonzero(load)
+            used.append(links[at])
+            used_per_byte.append(load[at] / self.topology.bandwidth[links[at]])
             ratio = np.tile(load / self.topology.bandwidth[links], 2)
             level = np.floor(np.log2(k)).astype(np.int64)
             best = np.full(len(a), -np.inf)
@@ -313,7 +322,7 @@ class Engine:
                 table = np.maximum(table[:-(1 << j)], table[1 << j:]) if (2 << j) <= len(ratio) else table
             per_byte[take] = np.maximum(per_byte[take], best)
             latency[take] = np.maximum(latency[take], hop_latency[k - 1])
-        return StepModel(latency, per_byte)
+        return StepModel(latency, per_byte, _cat(used, np.int64), _cat(used_per_byte, float))
 
     def step_model(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None = None) -> StepModel:
         """The timing model of concurrent transfers ``src -> dst`` (ranks), each of ``weight`` units."""
@@ -411,3 +420,33 @@ class Engine:
     def time_compressed(self, schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
         """:meth:`time` of a ``CompressedSchedule``: equals ``time(schedule.expand(), size)``."""
         return self.time(schedule, size, profile=self.profile_compressed(schedule) if profile is None else profile)
+
+    # -- what an op keeps busy (flow-level sharing) --------------------------------------------------
+    @staticmethod
+    def busy(models: list[StepModel], chunk_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+        """Links the steps ``models`` cross, and the seconds each is fully busy over them at ``chunk_bytes``
+        per chunk: what :mod:`lightrail.sharing` charges an op. Steps sharing one model are summed once."""
+        seen: dict[int, list] = {}
+        for m in models:
+            seen.setdefault(id(m), [m, 0])[1] += 1
+        parts = [(m.link, m.link_per_byte * (n * chunk_bytes)) for m, n in seen.values()
+                 if m.link is not None and len(m.link)]
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0)
+        links, seconds = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        uniq, inv = np.unique(links, return_inverse=True)
+        return uniq, np.bincount(inv, weights=seconds, minlength=len(uniq))
+
+    def op_cost(self, schedule, size: float, *, profile: list[StepModel] | None = None) -> OpCost:
+        """:meth:`time` of a schedule (or a ``CompressedSchedule``) with the links it keeps busy."""
+        compressed = hasattr(schedule, "step_pattern")
+        if profile is None:
+            profile = self.profile_compressed(schedule) if compressed else self.profile(schedule)
+        timing = self.time(schedule, size, profile=profile)
+        return OpCost(timing.time_s, *self.busy(profile, schedule.chunk_bytes(size)))
+
+    def transfer_cost(self, src, dst, nbytes) -> OpCost:
+        """:meth:`transfer_time` with the links the transfers keep busy."""
+        src = np.asarray(src)
+        model = self.step_model(src, dst, np.broadcast_to(np.asarray(nbytes, float), src.shape))
+        return OpCost(model.time(1.0, self.alpha), *self.busy([model], 1.0))

@@ -78,6 +78,9 @@ class RailFabric:
     """Electrical rails: NCCL's PXN (one rail per flow, as on photonic rails) or ECMP over two rails."""
     drain: bool = True
     """False only for the overhead breakdown's counterfactual: circuits switch even under traffic."""
+    sharing: Literal["fair", "none"] = "fair"
+    """Ops in flight at once share the links they both cross at max-min fair rates (``fair``, as flow-level
+    simulators do: :mod:`lightrail.sharing`), or each runs as if alone (``none``: what lightrail did before flow-level sharing)."""
 
     def __post_init__(self):
         try:
@@ -92,6 +95,8 @@ class RailFabric:
                                     fix="use 0 or more seconds")
         if self.routing not in ("pxn", "ecmp"):
             raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
+        if self.sharing not in ("fair", "none"):
+            raise ScenarioError(f"unknown sharing {self.sharing!r}", field="engine.sharing", fix="use fair or none")
 
     @property
     def delay(self) -> float:

@@ -1,0 +1,197 @@
+"""Flow-level sharing: ops in flight at the same time share every link they both cross (DESIGN.md "Time model").
+
+An op in flight is one flow: ``seconds``, its duration alone on the fabric (what :class:`lightrail.timing.Engine`
+gives it), and per link it crosses ``busy_s``, the seconds the op keeps that link fully busy when it runs alone
+(so ``busy_s <= seconds``). Run at rate ``r`` (1: as fast as alone), the op uses the fraction ``r * busy_s /
+seconds`` of each of its links; the uses on a link sum to at most 1, and no op runs faster than alone. Rates are
+max-min fair in the bandwidth each op gets on its own bottleneck link, found by progressive filling
+(:func:`fair_rates`): shares rise together; when a link fills, the ops crossing it freeze; an op that reaches its
+rate alone freezes too, leaving the rest to the others. This is the bandwidth-sharing model of
+flow-level simulators (SimGrid's ``lmm`` max-min solver, ``src/kernel/lmm/maxmin.cpp``, validated against packet
+level in Velho et al., ACM TOMACS 23(4), 2013; htsim's fluid mode), applied to whole ops rather than single
+transfers: an op's latency part uses no link, so ops that are latency-bound do not slow each other.
+
+Rates change only when an op starts or ends, and only for the ops connected to it through shared links (its
+component): max-min rates of other components do not depend on it, so they keep theirs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["OpCost", "FairShare", "fair_rates"]
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """An op's time alone on the fabric and the links it keeps busy: what flow-level sharing needs."""
+
+    seconds: float
+    links: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Ids of the links (or link classes) the op crosses."""
+    busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per link: seconds the op keeps it fully busy when it runs alone (at most ``seconds``)."""
+
+    def __float__(self) -> float:
+        return float(self.seconds)
+
+
+def fair_rates(flow: np.ndarray, link: np.ndarray, use: np.ndarray, nflows: int) -> np.ndarray:
+    """Max-min fair rates of ``nflows`` flows, each at most 1: row k says flow ``flow[k]`` uses the fraction
+    ``use[k]`` of link ``link[k]`` at rate 1 (links are compact ids ``0..L-1``; every flow has a row).
+
+    Fairness is on the share of bandwidth each flow gets on its own bottleneck link (its largest ``use``,
+    ``peak``): shares rise together from 0; a flow stops at ``peak`` (its rate alone), and the flows on a
+    link that fills stop there. Progressive filling, one round per bottleneck level.
+
+    >>> fair_rates(np.array([0, 1]), np.array([0, 0]), np.array([1.0, 1.0]), 2)  # two flows on one link
+    array([0.5, 0.5])
+    >>> fair_rates(np.array([0, 1]), np.array([0, 0]), np.array([1.0, 0.25]), 2)  # one needs little: the rest
+    array([0.75, 1.  ])
+    """
+    peak = np.zeros(nflows)
+    np.maximum.at(peak, flow, use)
+    coef = use / peak[flow]  # per unit of the flow's share
+    share = np.zeros(nflows)
+    frozen = peak <= 0
+    share[frozen] = 0.0
+    nlinks = int(link.max()) + 1 if len(link) else 0
+    room = np.ones(nlinks)
+    level = 0.0
+    while not frozen.all():
+        active = ~frozen[flow]
+        load = np.bincount(link[active], weights=coef[active], minlength=nlinks)
+        loaded = load > 0
+        step = float(np.min(peak[~frozen])) - level
+        if loaded.any():
+            step = min(step, float(np.min(room[loaded] / load[loaded])))
+        level += step
+        room -= step * load
+        share[~frozen] = level
+        full = loaded & (room <= _EPS * np.maximum(1.0, load))
+        frozen |= peak <= level * (1.0 + _EPS)
+        frozen[flow[active & full[link]]] = True
+    rate = np.ones(nflows)
+    moving = peak > 0
+    rate[moving] = np.minimum(share[moving] / peak[moving], 1.0)
+    return rate
+
+
+@dataclass
+class _Flow:
+    links: np.ndarray
+    use: np.ndarray
+    remaining: float
+    """Seconds of work left at rate 1, as of ``since``."""
+    since: float
+    rate: float = 1.0
+    version: int = 0
+
+
+class FairShare:
+    """The ops in flight and their rates; when each will finish if nothing else starts or ends.
+
+    ``fair=False`` gives every op its rate alone (no sharing: ``engine.sharing: none``).
+
+    >>> from lightrail.sharing import OpCost, FairShare
+    >>> share = FairShare()
+    >>> link = np.array([0])
+    >>> share.start("a", OpCost(1.0, link, np.array([1.0])), 0.0)
+    >>> share.start("b", OpCost(1.0, link, np.array([1.0])), 0.0)
+    >>> share.next_finish()  # both at half rate: the first finishes at 2 s
+    (2.0, 'a')
+    """
+
+    def __init__(self, *, fair: bool = True):
+        self.fair = fair
+        self._flows: dict[Hashable, _Flow] = {}
+        self._by_link: dict[int, set] = {}
+        self._heap: list[tuple[float, int, Hashable, int]] = []
+        self._counter = 0
+
+    def __len__(self) -> int:
+        return len(self._flows)
+
+    def start(self, key: Hashable, cost: OpCost, now: float) -> None:
+        """Op ``key`` starts at ``now``; the rates of the ops it shares links with change."""
+        if key in self._flows:
+            raise KeyError(f"op {key!r} is already in flight")
+        seconds = float(cost.seconds)
+        links = np.asarray(cost.links, np.int64)
+        busy = np.asarray(cost.busy_s, float)
+        keep = busy > 0 if self.fair and seconds > 0 else np.zeros(len(links), bool)
+        flow = _Flow(links[keep], np.minimum(busy[keep] / seconds, 1.0) if keep.any() else busy[keep],
+                     max(seconds, 0.0), now)
+        self._flows[key] = flow
+        if not len(flow.links):
+            self._schedule(key, flow)
+            return
+        for link in flow.links.tolist():
+            self._by_link.setdefault(link, set()).add(key)
+        self._rerate(self._component([key]), now)
+
+    def finish(self, key: Hashable, now: float) -> None:
+        """Op ``key`` ends at ``now`` (normally when :meth:`next_finish` said); its links go to the others."""
+        flow = self._flows.pop(key)
+        neighbours = set()
+        for link in flow.links.tolist():
+            users = self._by_link[link]
+            users.discard(key)
+            if users:
+                neighbours |= users
+            else:
+                del self._by_link[link]
+        if neighbours:
+            self._rerate(self._component(neighbours), now)
+
+    def next_finish(self) -> tuple[float, Hashable] | None:
+        """When the next op finishes at the current rates, and which (None if nothing is in flight)."""
+        while self._heap:
+            when, _, key, version = self._heap[0]
+            flow = self._flows.get(key)
+            if flow is not None and flow.version == version:
+                return when, key
+            heapq.heappop(self._heap)
+        return None
+
+    def projected_end(self, key: Hashable) -> float:
+        flow = self._flows[key]
+        return flow.since + flow.remaining / flow.rate
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _schedule(self, key: Hashable, flow: _Flow) -> None:
+        flow.version += 1
+        heapq.heappush(self._heap, (flow.since + flow.remaining / flow.rate, self._counter, key, flow.version))
+        self._counter += 1
+
+    def _component(self, keys) -> list:
+        """The ops connected to ``keys`` through shared links (themselves included)."""
+        seen, todo = set(keys), list(keys)
+        while todo:
+            for link in self._flows[todo.pop()].links.tolist():
+                for other in self._by_link[link]:
+                    if other not in seen:
+                        seen.add(other)
+                        todo.append(other)
+        return list(seen)
+
+    def _rerate(self, keys: list, now: float) -> None:
+        flows = [self._flows[k] for k in keys]
+        for f in flows:  # progress so far, at the old rates
+            f.remaining = max(0.0, f.remaining - f.rate * (now - f.since))
+            f.since = now
+        sizes = [len(f.links) for f in flows]
+        ids, compact = np.unique(np.concatenate([f.links for f in flows]), return_inverse=True)
+        del ids
+        rates = fair_rates(np.repeat(np.arange(len(flows)), sizes), compact,
+                           np.concatenate([f.use for f in flows]), len(flows))
+        for k, f, r in zip(keys, flows, rates.tolist(), strict=True):
+            if r != f.rate or f.version == 0:
+                f.rate = max(r, _EPS)
+                self._schedule(k, f)
