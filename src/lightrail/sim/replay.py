@@ -7,15 +7,17 @@ rank is its own actor and runs its trace's dependency graph as ASTRA-sim's workl
 - compute nodes of a rank run one at a time (one compute stream), in the order they become ready
   (ties: file order), each for its recorded duration;
 - communication runs beside compute: a collective starts when every member of its group has reached it
-  (members match their k-th collective on that group, in file order, as NCCL requires) and takes the time
-  the step engine gives (:class:`lightrail.timing.Engine`, the registry's ``auto`` schedule for the group);
-- a send starts when it is ready and takes the engine's transfer time (eager, as the iteration simulator's
-  pipeline sends: it does not wait for the receiver); its receive (same source, destination and tag, FIFO)
-  finishes when it is ready and the data has arrived;
+  (members match their k-th collective on that group, in file order, as NCCL requires) and the group's
+  previous collective has ended (a communicator runs its collectives one at a time, in issue order, as
+  NCCL's stream does);
+- a send starts when it is ready (eager, as the iteration simulator's pipeline sends: it does not wait for
+  the receiver); its receive (same source, destination and tag, FIFO) finishes when it is ready and the data
+  has arrived;
+- ops in flight at the same time share the links they both cross (:class:`lightrail.sharing.FairShare`:
+  max-min fair rates, recomputed when an op starts or ends): each op is priced alone by the cost functions
+  (an :class:`lightrail.sharing.OpCost`, e.g. from the step engine) and slowed by what else runs;
+  ``sharing="none"`` times each on its own, as lightrail did before;
 - nodes without time (metadata, memory) finish as soon as they are ready.
-
-Concurrent communication ops are each timed on their own (contention between different groups' ops is
-not charged, as in the iteration simulator).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightrail.fabric.params import RailFabric
+from lightrail.sharing import FairShare, OpCost
+from lightrail.sim.costs import FabricCost, RailsCost
 from lightrail.sim.iteration import TraceEvent
 from lightrail.workload.chakra import ChakraTrace, TraceNode
 
-__all__ = ["ReplayResult", "RailsCost", "replay"]
+__all__ = ["ReplayResult", "FabricCost", "RailsCost", "replay"]
 
 
 @dataclass
@@ -54,62 +57,18 @@ class ReplayResult:
         return {**self.summary(), "per_rank": self.per_rank}
 
 
-class RailsCost:
-    """Seconds of collectives and transfers on a rail-optimized electrical fabric of ``world`` GPUs, from one
-    step engine whose routes and step patterns every group shares (a group's schedule is mapped onto its
-    GPUs); cached by (kind, group, bytes)."""
-
-    def __init__(self, world: int, fabric: RailFabric, gpus_per_server: int):
-        self.world, self.fabric, self.gpus_per_server = world, fabric, gpus_per_server
-        self._engine_obj = None
-        self._cache: dict = {}
-
-    @property
-    def _engine(self):
-        """Built on first use: a one-rank trace has no network."""
-        if self._engine_obj is None:
-            from lightrail.fabric.builders import rails
-            from lightrail.timing import Engine
-
-            f = self.fabric
-            topology = rails(self.world, gpus_per_server=self.gpus_per_server, nic_bandwidth=f.nic_bandwidth,
-                             nvlink_bandwidth=f.nvlink_bandwidth, latency=f.latency, routing=f.routing)
-            self._engine_obj = Engine(topology, alpha=f.alpha)
-        return self._engine_obj
-
-    def collective(self, node: TraceNode, ranks: tuple[int, ...]) -> float:
-        """The registry's ``auto`` schedule of the node's kind on its group, timed step by step as
-        :meth:`Engine.time` does with the group's GPUs as its placement."""
-        from lightrail.collectives.registry import AUTO, generate
-
-        key = ("c", node.kind, ranks, node.nbytes)
-        if key not in self._cache:
-            seconds = 0.0
-            if len(ranks) > 1:
-                schedule = generate(node.kind, AUTO, len(ranks))
-                gpus, engine = np.asarray(ranks), self._engine
-                chunk = schedule.chunk_bytes(node.nbytes)
-                ptr = schedule.step_ptr
-                for a, z in zip(ptr[:-1], ptr[1:], strict=True):
-                    if z > a:
-                        model = engine.step_model(gpus[schedule.src[a:z]], gpus[schedule.dst[a:z]])
-                        seconds += model.time(chunk, engine.alpha)
-            self._cache[key] = seconds
-        return self._cache[key]
-
-    def transfer(self, src: int, dst: int, nbytes: float) -> float:
-        key = ("p", src, dst, nbytes)
-        if key not in self._cache:
-            self._cache[key] = self._engine.transfer_time(np.array([src]), np.array([dst]), nbytes)
-        return self._cache[key]
+def _cost(value) -> OpCost:
+    return value if isinstance(value, OpCost) else OpCost(float(value))
 
 
-def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]], float],
-           transfer: Callable[[int, int, float], float], *, record: bool | int = True) -> ReplayResult:
+def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]], OpCost | float],
+           transfer: Callable[[int, int, float], OpCost | float], *, record: bool | int = True,
+           sharing: str = "fair") -> ReplayResult:
     """Run ``trace`` once with ``collective(node, ranks)`` and ``transfer(src, dst, nbytes)`` pricing its
-    communication (e.g. a :class:`RailsCost`'s methods); raises if the trace deadlocks. ``record`` keeps the
-    timeline events of every rank (True), none (False) or of the first ``record`` ranks (a number: a big
-    trace's timeline would not fit a browser)."""
+    communication alone (e.g. a :class:`RailsCost`'s methods: seconds, or an :class:`OpCost` with the links the
+    op keeps busy, which ``sharing="fair"`` shares among ops in flight); raises if the trace deadlocks.
+    ``record`` keeps the timeline events of every rank (True), none (False) or of the first ``record`` ranks (a
+    number: a big trace's timeline would not fit a browser)."""
     shown = trace.world if record is True else int(record)
     world = trace.world
     index = [{n.id: i for i, n in enumerate(nodes)} for nodes in trace.ranks]
@@ -130,8 +89,13 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
                 counts[n.group] = seq[i] + 1
         kth.append(seq)
     arrived: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}  # (group, k) -> rank -> (time, node)
-    sends: dict[tuple[int, int, int], deque] = {}  # (src, dst, tag) -> arrival times of unmatched sends
-    recvs: dict[tuple[int, int, int], deque] = {}
+    complete: dict[str, dict[int, list[tuple[int, int]]]] = {}  # group -> k -> members (rank, node), all arrived
+    next_k: dict[str, int] = {}  # group -> the collective its stream runs next
+    busy_groups: set[str] = set()
+    sends: dict[tuple[int, int, int], deque] = {}  # (src, dst, tag) -> flows of unmatched sends
+    recvs: dict[tuple[int, int, int], deque] = {}  # (src, dst, tag) -> (time, rank, node) of unmatched receives
+    delivered: dict[int, float] = {}  # send flow -> arrival, for sends whose receive is not ready yet
+    paired: dict[int, tuple[float, int, int]] = {}  # send flow -> the receive waiting for it
     stream_free = [0.0] * world
     stream_busy = [False] * world
     pending: list[list[tuple[float, int]]] = [[] for _ in range(world)]  # heap of (ready time, node index)
@@ -140,6 +104,8 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
     events: list[TraceEvent] = []
     heap: list[tuple[float, int, int, int]] = []  # (finish time, counter, rank, node index)
     counter = 0
+    share = FairShare(fair=sharing == "fair")
+    flows: dict[int, tuple] = {}  # flow id -> (start, members, category, lane, group or None for a send)
 
     def finish_at(t: float, r: int, i: int) -> None:
         nonlocal counter
@@ -162,11 +128,43 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
         log(r, "", node, "compute", start, node.seconds)
         finish_at(start + node.seconds, r, i)
 
-    def communicate(ranks_nodes: list[tuple[int, int]], start: float, seconds: float, category: str) -> None:
-        for r, i in ranks_nodes:
-            totals[r]["communication_s"] += seconds
-            log(r, " comm", trace.ranks[r][i], category, start, seconds)
-            finish_at(start + seconds, r, i)
+    def communicate(members: list[tuple[int, int]], start: float, cost: OpCost, category: str, lane: str,
+                    group: str | None = None) -> int:
+        """Start an op's flow; it ends when the sharing says (:func:`end`)."""
+        nonlocal counter
+        fid = counter
+        counter += 1
+        flows[fid] = (start, members, category, lane, group)
+        share.start(fid, cost, start)
+        return fid
+
+    def end(fid: int, t: float) -> None:
+        start, members, category, lane, group = flows.pop(fid)
+        for r, i in members:
+            totals[r]["communication_s"] += t - start
+            log(r, lane, trace.ranks[r][i], category, start, t - start)
+            finish_at(t, r, i)
+        if group is not None:
+            busy_groups.discard(group)
+            run_group(group, t)
+        elif fid in paired:
+            recv_t, recv_r, recv_i = paired.pop(fid)
+            receive(recv_r, recv_i, recv_t, t)
+        else:
+            delivered[fid] = t
+
+    def run_group(group: str, t: float) -> None:
+        """Start the group's next collective if all its members are there and its stream is free."""
+        k = next_k.get(group, 0)
+        if group in busy_groups or k not in complete.get(group, {}):
+            return
+        members = complete[group].pop(k)
+        next_k[group] = k + 1
+        busy_groups.add(group)
+        r, i = members[0]
+        node = trace.ranks[r][i]
+        communicate(members, t, _cost(collective(node, trace.group_of(node))), node.kind.value, " comm",
+                    group)
 
     def receive(r: int, i: int, t: float, arrival: float) -> None:
         """A receive ready at ``t`` whose data arrives at ``arrival``: it waits, then finishes."""
@@ -186,22 +184,23 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
             got[r] = (t, i)
             if len(got) == len(members):
                 del arrived[key]
-                start = max(when for when, _ in got.values())
-                communicate([(m, j) for m, (_, j) in got.items()], start, collective(node, members),
-                            node.kind.value)
+                complete.setdefault(node.group, {})[key[1]] = [(m, j) for m, (_, j) in got.items()]
+                run_group(node.group, t)
         elif node.op == "send":
             key = (r, node.peer, node.tag)
-            seconds = transfer(r, node.peer, node.nbytes)
-            communicate([(r, i)], t, seconds, "p2p")
+            fid = communicate([(r, i)], t, _cost(transfer(r, node.peer, node.nbytes)), "p2p", " comm")
             if recvs.get(key):
-                recv_t, recv_r, recv_i = recvs[key].popleft()
-                receive(recv_r, recv_i, recv_t, t + seconds)
+                paired[fid] = recvs[key].popleft()
             else:
-                sends.setdefault(key, deque()).append(t + seconds)
+                sends.setdefault(key, deque()).append(fid)
         elif node.op == "recv":
             key = (node.peer, r, node.tag)
             if sends.get(key):
-                receive(r, i, t, sends[key].popleft())
+                fid = sends[key].popleft()
+                if fid in delivered:
+                    receive(r, i, t, delivered.pop(fid))
+                else:
+                    paired[fid] = (t, r, i)
             else:
                 recvs.setdefault(key, deque()).append((t, r, i))
         else:
@@ -211,11 +210,16 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
         for i, n in enumerate(nodes):
             if not n.deps:
                 ready(r, i, 0.0)
-    end = [0.0] * world
-    while heap:
+    end_time = [0.0] * world
+    while heap or len(share):
+        flow = share.next_finish()
+        if flow is not None and (not heap or flow[0] <= heap[0][0]):
+            share.finish(flow[1], flow[0])
+            end(flow[1], flow[0])
+            continue
         t, _, r, i = heapq.heappop(heap)
         done[r][i] = True
-        end[r] = max(end[r], t)
+        end_time[r] = max(end_time[r], t)
         if trace.ranks[r][i].op == "compute":
             stream_busy[r] = False
         for c in children[r][i]:
@@ -231,8 +235,7 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
             raise InfeasibleError(f"rank {r} never finishes node {stuck.id} ({stuck.op}): a dependency cycle, or a "
                                   "collective or send whose partners never arrive", field=f"rank {r}",
                                   fix="check the trace's dependencies, groups and send/recv pairs")
-    total = max(end, default=0.0)
-    per_rank = [{"rank": r, "end_s": end[r], **totals[r], "idle_s": total - totals[r]["compute_s"]}
+    total = max(end_time, default=0.0)
+    per_rank = [{"rank": r, "end_s": end_time[r], **totals[r], "idle_s": total - totals[r]["compute_s"]}
                 for r in range(world)]
     return ReplayResult(total, per_rank, events)
-
