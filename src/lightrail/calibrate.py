@@ -14,6 +14,16 @@ the message size (unless the slowest transfer changes with it), so ``alpha`` and
 (the fabric's per-hop latency, e.g. from its data sheet) and ``alpha`` and the bandwidth are fitted;
 ``latency_fitted`` says which happened and ``startup_per_step_s`` (``alpha + H/S * latency``) is the part the
 data does determine.
+
+That single-schedule fit (``model="engine"``) cannot describe a real log: NCCL switches algorithm (ring, tree,
+NVLS, CollNet) and protocol (LL, LL128, Simple) with the message size, each with its own latency and bandwidth.
+:func:`fit_nccl` fits the parameters of NCCL's own cost model (:mod:`lightrail.nccl`) instead: the base latency
+per protocol, the per-hop latency per link class (NVLink, network) and protocol, the NVLink and NIC bandwidths
+and the LL/LL128/NVLS efficiencies, by bounded least squares (``scipy.optimize.least_squares``) on the relative
+error of every measurement, with the (algorithm, protocol) of each size re-picked as the model's argmin at the
+current parameters until the picks are stable. A weak prior pulls every parameter toward NCCL's published value
+(a factor of e costs as much as a 3% error on one point), so what the data cannot tell apart (one log with one
+rank count fixes only sums of latencies) stays where NCCL put it.
 """
 
 from __future__ import annotations
@@ -27,7 +37,10 @@ from lightrail.errors import ScenarioError
 from lightrail.workload.nccl_tests import NcclRow, parse_nccl_tests
 
 __all__ = ["NcclRow", "parse_nccl_tests", "StepTerms", "step_terms", "model_times", "Calibration", "fit",
-           "fit_terms"]
+           "fit_terms", "fit_nccl", "measurements", "FIT_FIELDS", "RMS_GOAL"]
+
+RMS_GOAL = 0.10
+"""A fit whose rms relative error is above this gets a warning."""
 
 @dataclass(frozen=True)
 class StepTerms:
@@ -96,7 +109,22 @@ class Calibration:
     rms_relative_error: float
     max_relative_error: float
     points: list[dict] = field(default_factory=list)
-    """Per measurement: size, in-place or not, measured and model seconds, relative error."""
+    """Per measurement: size, in-place or not, measured and model seconds, relative error (and with the NCCL
+    model the algorithm and protocol)."""
+    model: str = "engine"
+    """``engine`` (one lightrail schedule, the fields above) or ``nccl`` (NCCL's algorithm x protocol model)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the user should know: a poor fit, a bandwidth above the hardware's, what the log reader skipped."""
+    choices: list[dict] = field(default_factory=list)
+    """NCCL model: per size, the algorithm and protocol the fitted model picks."""
+    params: dict = field(default_factory=dict)
+    """NCCL model: the fitted :class:`lightrail.nccl.NcclParams` (seconds, bytes/s, fractions)."""
+    defaults: dict = field(default_factory=dict)
+    """NCCL model: NCCL's published parameters for this communicator (the fit's start and prior)."""
+    nominal: dict = field(default_factory=dict)
+    """The hardware's data-sheet rates (``nvlink_Bps``, ``nic_Bps``) the fitted bandwidths are checked against."""
+    communicator: dict = field(default_factory=dict)
+    """NCCL model: ranks, nodes, GPUs per node, nvls, collnet, arch."""
 
     def rows(self) -> list[dict]:
         return list(self.points)
@@ -108,8 +136,12 @@ class Calibration:
         """The parameters as a scenario's cluster fields (units in the text, as scenario files take them)."""
         from lightrail.units import format_time
 
-        return {"cluster": {"alpha": format_time(self.alpha_s), "latency": format_time(self.latency_s),
-                            "rail_bandwidth": f"{self.bandwidth_Bps * 8 / 1e9:.6g}Gbps"}}
+        cluster = {"alpha": format_time(self.alpha_s), "latency": format_time(self.latency_s),
+                   "rail_bandwidth": f"{self.bandwidth_Bps * 8 / 1e9:.6g}Gbps"}
+        if self.model == "nccl":
+            cluster["rail_bandwidth"] = f"{self.params['nic_Bps'] * 8 / 1e9:.6g}Gbps"
+            cluster["nvlink_bandwidth"] = f"{self.params['nvlink_Bps'] / 1e9:.6g}GBps"
+        return {"cluster": cluster}
 
 
 def fit(rows: list[NcclRow], *, kind: Kind | str, algo: str, topology: str, ranks: int, latency_s: float,
@@ -173,3 +205,182 @@ def fit_terms(terms: StepTerms, rows: list[NcclRow], *, latency_s: float, in_pla
                        startup_per_step_s=alpha + per_step * latency,
                        rms_relative_error=float(np.sqrt(np.mean(rel ** 2))),
                        max_relative_error=float(np.max(np.abs(rel))), points=points)
+
+
+# ---- NCCL's algorithm x protocol model ---------------------------------------------------------------------------
+
+FIT_FIELDS = ("base_LL", "base_LL128", "base_Simple", "nvlink_LL", "nvlink_LL128", "nvlink_Simple", "net_LL",
+              "net_LL128", "net_Simple", "nvlink_Bps", "nic_Bps", "ll_efficiency", "ll128_efficiency",
+              "nvls_efficiency")
+"""The entries of the NCCL model's parameter vector (:class:`lightrail.nccl.NcclParams` flattened)."""
+_LATENCIES, _BANDWIDTHS, _EFFICIENCIES = range(9), (9, 10), (11, 12, 13)
+PRIOR_WEIGHT = 0.03
+"""Weight of log(parameter / NCCL's value) beside the relative errors: a factor e costs a 3% error."""
+
+
+def _vector(q) -> np.ndarray:
+    return np.array([*q.base_latency_s, *q.nvlink_latency_s, *q.net_latency_s, q.nvlink_Bps, q.nic_Bps,
+                     q.ll_efficiency, q.ll128_efficiency, q.nvls_efficiency], float)
+
+
+def _params(v):
+    from lightrail.nccl import NcclParams
+
+    v = [float(x) for x in v]
+    return NcclParams(base_latency_s=tuple(v[0:3]), nvlink_latency_s=tuple(v[3:6]), net_latency_s=tuple(v[6:9]),
+                      nvlink_Bps=v[9], nic_Bps=v[10], ll_efficiency=v[11], ll128_efficiency=v[12],
+                      nvls_efficiency=v[13])
+
+
+def _active(kind: str, comm) -> np.ndarray:
+    """Which parameters the data can move: no network parameter on one node, no NVLS efficiency without NVLS, only
+    Simple's latencies and the bandwidths for point-to-point."""
+    active = np.ones(len(FIT_FIELDS), bool)
+    if comm.nnodes == 1:
+        active[[6, 7, 8, 10]] = False
+    if not comm.nvls or kind in ("alltoall", "sendrecv"):
+        active[13] = False
+    if kind in ("alltoall", "sendrecv"):
+        active[[0, 1, 3, 4, 6, 7, 11, 12]] = False
+    return active
+
+
+def measurements(rows: list[NcclRow], *, in_place: bool = True) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """(sizes, seconds, labels (size, in_place)) of the non-empty measurements of the rows: out-of-place, then
+    in-place where the log has it."""
+    labels, times = [], []
+    for r in rows:
+        labels.append((r.size, False))
+        times.append(r.time_s)
+    if in_place:
+        for r in rows:
+            if getattr(r, "in_place_time_s", None) is not None:
+                labels.append((r.size, True))
+                times.append(r.in_place_time_s)
+    keep = [i for i, ((s, _), t) in enumerate(zip(labels, times, strict=True)) if s > 0 and t and t > 0]
+    sizes = np.array([labels[i][0] for i in keep], float)
+    return sizes, np.array([times[i] for i in keep], float), [labels[i] for i in keep]
+
+
+def _model(kind, sizes, comm, q, algorithm, pairs=None) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """Model seconds per size and the pair of each: the argmin, or with ``pairs`` those pairs held."""
+    from lightrail.nccl import algo_time, choose
+
+    if pairs is None:
+        chosen = choose(kind, sizes, comm, q, algorithm=algorithm)
+        return chosen.seconds, list(zip(chosen.algorithm.tolist(), chosen.protocol.tolist(), strict=True))
+    out = np.empty(len(sizes))
+    for pair in set(pairs):
+        idx = np.array([i for i, p in enumerate(pairs) if p == pair])
+        out[idx] = algo_time(kind, *pair, sizes[idx], comm, q)
+    return out, pairs
+
+
+def fit_nccl(rows: list[NcclRow], *, kind: str, comm, algorithm: str | None = None, in_place: bool = True,
+             topology: str = "rails", nominal: dict | None = None, warnings: list[str] | tuple = (),
+             prior: float = PRIOR_WEIGHT) -> Calibration:
+    """Fit NCCL's cost model (:mod:`lightrail.nccl`) for ``kind`` on ``comm`` to the rows: bounded least squares
+    on relative error in log-parameters, the (algorithm, protocol) of each size re-picked as the model's argmin
+    (``algorithm`` forces one algorithm; the protocol is still picked) until the picks are stable, then a last pass
+    on the argmin model itself. ``nominal`` (``nvlink_Bps``, ``nic_Bps``, bytes/s) are the data-sheet rates the
+    fitted bandwidths are checked against (default: the communicator's). ``warnings`` (e.g. the log reader's) are
+    passed through, and a warning is added when the rms relative error is above :data:`RMS_GOAL` or a fitted
+    bandwidth above its nominal rate."""
+    from scipy.optimize import least_squares
+
+    from lightrail.nccl import NcclParams, choose
+
+    sizes, measured, labels = measurements(rows, in_place=in_place)
+    if len(sizes) < 3:
+        raise ScenarioError(f"{len(sizes)} non-empty measurements are too few to fit NCCL's model", field="FILE",
+                            fix="measure at least three message sizes (e.g. all_reduce_perf -b 8 -e 1G -f 2)")
+    choose(kind, sizes[:1], comm, None, algorithm=algorithm)  # a forced algorithm NCCL cannot run fails here
+    theta0 = _vector(NcclParams().resolve(comm))
+    active = _active(kind, comm)
+    lo, hi = np.full(len(theta0), np.log(1e-2)), np.full(len(theta0), np.log(1e2))
+    lo[list(_BANDWIDTHS)], hi[list(_BANDWIDTHS)] = np.log(1 / 20), np.log(20)
+    lo[list(_EFFICIENCIES)], hi[list(_EFFICIENCIES)] = np.log(1 / 20), np.log(1 / theta0[list(_EFFICIENCIES)])
+    lo, hi = lo[active], hi[active]
+
+    def params(x):
+        theta = theta0.copy()
+        theta[active] = theta0[active] * np.exp(x)
+        return _params(theta)
+
+    def residuals(x, pairs=None):
+        model, _ = _model(kind, sizes, comm, params(x), algorithm, pairs)
+        return np.concatenate([model / measured - 1.0, prior * x])
+
+    # start: latencies scaled to the smallest size, then bandwidths to the largest
+    x = np.zeros(active.sum())
+    lat_ix = np.cumsum(active) - 1
+    small, big = int(np.argmin(sizes)), int(np.argmax(sizes))
+    model, _ = _model(kind, sizes, comm, params(x), algorithm)
+    for i in _LATENCIES:
+        if active[i]:
+            x[lat_ix[i]] = np.log(np.clip(measured[small] / model[small], 0.05, 20))
+    model, _ = _model(kind, sizes, comm, params(x), algorithm)
+    for i in _BANDWIDTHS:
+        if active[i]:
+            x[lat_ix[i]] = np.log(np.clip(model[big] / measured[big], 0.06, 15))
+    x = np.clip(x, lo + 1e-9, hi - 1e-9)
+    best_x, best_cost, seen = x, np.inf, set()
+    for _ in range(25):
+        _, pairs = _model(kind, sizes, comm, params(x), algorithm)
+        if tuple(pairs) in seen:  # stable (or cycling back): the picks will not change any more
+            break
+        seen.add(tuple(pairs))
+        x = least_squares(residuals, x, bounds=(lo, hi), args=(pairs,), x_scale=1.0, max_nfev=400).x
+        cost = float(np.sum(residuals(x) ** 2))
+        if cost < best_cost:
+            best_x, best_cost = x, cost
+    polished = least_squares(residuals, best_x, bounds=(lo, hi), max_nfev=400).x  # the argmin model itself
+    if np.sum(residuals(polished) ** 2) < best_cost:
+        best_x = polished
+    q = params(best_x)
+    model, pairs = _model(kind, sizes, comm, q, algorithm)
+    return _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured, labels, model, pairs,
+                             nominal, list(warnings))
+
+
+def _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured, labels, model, pairs, nominal,
+                      warnings) -> Calibration:
+    from lightrail.nccl import NcclParams, algo_time
+
+    rel = (model - measured) / measured
+    points = [{"size": int(s), "in_place": ip, "measured_s": float(m), "model_s": float(t), "relative_error": float(e),
+               "algorithm": a, "protocol": p}
+              for (s, ip), m, t, e, (a, p) in zip(labels, measured, model, rel, pairs, strict=True)]
+    by_size = {}
+    for point in points:
+        by_size.setdefault(point["size"], (point["algorithm"], point["protocol"]))
+    choices = [{"size": s, "algorithm": a, "protocol": p} for s, (a, p) in sorted(by_size.items())]
+    fitted = q.to_dict()
+    nominal = dict(nominal or {"nvlink_Bps": comm.nvlink_Bps, "nic_Bps": comm.nic_Bps})
+    checked = ["nvlink_Bps", "nic_Bps"] if comm.nnodes > 1 else ["nvlink_Bps"]
+    ratio = {k: fitted[k] / nominal[k] for k in checked if nominal.get(k)}
+    rms, worst = float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel)))
+    if rms > RMS_GOAL:
+        warnings.append(f"rms relative error {rms:.1%} is above {RMS_GOAL:.0%}: the model does not describe this log "
+                        "well (check --ranks, --gpus-per-server, --gpu and --nvls against the cluster)")
+    for key, r in ratio.items():
+        if r > 1.0:
+            link = "NVLink" if key == "nvlink_Bps" else "NIC"
+            warnings.append(f"fitted {link} bandwidth {fitted[key] / 1e9:.4g} GB/s is {r:.2f}x the nominal "
+                            f"{nominal[key] / 1e9:.4g} GB/s: check the hardware options (--gpu, "
+                            f"{'--nvlink-bandwidth' if link == 'NVLink' else '--rail-bandwidth'}, --gpus-per-server)")
+    # the old keys, read at the largest size: base latency (alpha), per-hop latency and bandwidth of its link class
+    a, p = pairs[int(np.argmax(sizes))]
+    slot = ("LL", "LL128", "Simple").index(p)
+    hop = (q.net_latency_s if comm.nnodes > 1 else q.nvlink_latency_s)[slot]
+    alpha = q.base_latency_s[slot]
+    startup = float(algo_time(kind, a, p, np.array([0.0]), comm, q)[0])
+    bandwidth = q.nic_Bps if comm.nnodes > 1 else q.nvlink_Bps
+    return Calibration(
+        kind=kind, algo=algorithm or "auto", topology=topology, ranks=comm.nranks, alpha_s=alpha, latency_s=hop,
+        bandwidth_Bps=bandwidth, latency_fitted=True, hops_per_step=(startup - alpha) / hop if hop else 0.0,
+        startup_per_step_s=startup, rms_relative_error=rms, max_relative_error=worst, points=points, model="nccl",
+        warnings=warnings, choices=choices, params=fitted, defaults=NcclParams().resolve(comm).to_dict(),
+        nominal={**nominal, **{f"fitted_over_{k}": r for k, r in ratio.items()}},
+        communicator={"ranks": comm.nranks, "nodes": comm.nnodes, "gpus_per_node": comm.ppn, "nvls": comm.nvls,
+                      "collnet": comm.collnet, "arch": comm.arch, "cpu": comm.cpu})

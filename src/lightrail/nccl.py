@@ -196,9 +196,10 @@ class NcclParams:
     nic_Bps: float | None = None
     """Bandwidth of a GPU's NIC as the model uses it, bytes/s (None: data sheet x NIC_SEEN)."""
     ll_efficiency: float = 0.5
-    """LL's share of the bus bandwidth (tuning.cc: ring LL busBw * .5; tree's 1/3.8 scales with it)."""
+    """LL's share of the bus bandwidth (tuning.cc: ring LL busBw * .5, capped by ``llMaxBws``). Another value scales
+    every LL bandwidth by ``ll_efficiency / 0.5``, caps and tree's 1/3.8 included."""
     ll128_efficiency: float = 0.92
-    """LL128's share (tuning.cc: ring LL128 busBw * 0.92; tree's 120/128 scales with it)."""
+    """LL128's share (tuning.cc: ring LL128 busBw * 0.92, capped per channel); scales LL128 as LL's does."""
     nvls_efficiency: float | None = None
     """NVLS's share of the NVLink bandwidth (None: tuning.cc ``nvlsEfficiency``: Hopper .85, Blackwell .74)."""
 
@@ -308,19 +309,19 @@ def _latency_bandwidth(kind: str, a: int, p: int, comm: Communicator, q: NcclPar
         bus = intra if nodes == 1 else min(intra, net * (2 if nodes <= 2 and a == NVLS_TREE else 1))
         if a == NVLS_TREE:
             bus = min(bus, nch * _PER_CH_NVLS_TREE[cc, idx2] * _GB) if _PER_CH_NVLS_TREE[cc, idx2] else bus
-    ll = q.ll_efficiency / 0.5
-    ll128 = q.ll128_efficiency / 0.92
     if a == RING and p == LL:
-        bus = min(ll_max, bus * q.ll_efficiency)
+        bus = min(ll_max, bus * _LL_FACTOR[RING])
     if a == RING and p == LL128:
-        bus = min(bus * q.ll128_efficiency, nch * _PER_CH_RING_LL128[cc, idx2] * _GB)
+        bus = min(bus * _LL128_FACTOR[RING], nch * _PER_CH_RING_LL128[cc, idx2] * _GB)
     if a == TREE and allreduce:
         bus = min(bus * _TREE_ALLREDUCE, nch * _PER_CH_TREE[cc, idx2] * _GB)
     if a == TREE and p == LL:
-        bus = min(bus * _LL_FACTOR[TREE] * ll, ll_max)
+        bus = min(bus * _LL_FACTOR[TREE], ll_max)
     if a == TREE and p == LL128:
         factor = 7.0 / 9.0 if nodes == 1 else _LL128_FACTOR[TREE]
-        bus = min(bus * factor * ll128, nch * _PER_CH_TREE_LL128[cc, idx2] * _GB)
+        bus = min(bus * factor, nch * _PER_CH_TREE_LL128[cc, idx2] * _GB)
+    # our correction of a protocol's bandwidth, caps included (the caps are what binds for LL)
+    bus *= {LL: q.ll_efficiency / _LL_FACTOR[RING], LL128: q.ll128_efficiency / _LL128_FACTOR[RING]}.get(p, 1.0)
     if a == PAT:
         bus *= _PAT_FACTOR
     if a == COLLNET_DIRECT:
