@@ -1,15 +1,17 @@
 """Flow-level sharing: ops in flight at the same time share every link they both cross (DESIGN.md "Time model").
 
 An op in flight is one flow: ``seconds``, its duration alone on the fabric (what :class:`lightrail.timing.Engine`
-gives it), and per link it crosses ``busy_s``, the seconds the op keeps that link fully busy when it runs alone
-(so ``busy_s <= seconds``). Run at rate ``r`` (1: as fast as alone), the op uses the fraction ``r * busy_s /
-seconds`` of each of its links; the uses on a link sum to at most 1, and no op runs faster than alone. Rates are
+gives it), of which ``wire_s`` is moving bytes (the rest is latency: start-ups and hops), and per link it crosses
+``busy_s``, the seconds the op keeps that link fully busy when it runs alone (so ``busy_s <= wire_s``). The op
+first moves its bytes, sharing links: at rate ``r`` (1: as fast as alone) it uses the fraction ``r * busy_s /
+wire_s`` of each of its links; the uses on a link sum to at most 1, and no op runs faster than alone. Then its
+latency runs, on no link: two equal ops at once take ``latency + 2 * wire_s``, and ops that are latency-bound do
+not slow each other. Rates are
 max-min fair in the bandwidth each op gets on its own bottleneck link, found by progressive filling
 (:func:`fair_rates`): shares rise together; when a link fills, the ops crossing it freeze; an op that reaches its
 rate alone freezes too, leaving the rest to the others. This is the bandwidth-sharing model of
 flow-level simulators (SimGrid's ``lmm`` max-min solver, ``src/kernel/lmm/maxmin.cpp``, validated against packet
-level in Velho et al., ACM TOMACS 23(4), 2013; htsim's fluid mode), applied to whole ops rather than single
-transfers: an op's latency part uses no link, so ops that are latency-bound do not slow each other.
+level in Velho et al., ACM TOMACS 23(4), 2013), applied to whole ops rather than single transfers.
 
 Rates change only when an op starts or ends, and only for the ops connected to it through shared links (its
 component): max-min rates of other components do not depend on it, so they keep theirs.
@@ -36,7 +38,15 @@ class OpCost:
     links: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Ids of the links (or link classes) the op crosses."""
     busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    """Per link: seconds the op keeps it fully busy when it runs alone (at most ``seconds``)."""
+    """Per link: seconds the op keeps it fully busy when it runs alone (at most ``wire_s``)."""
+    bandwidth_s: float | None = None
+    """Seconds of ``seconds`` spent moving bytes (default: the busiest link's ``busy_s``)."""
+
+    @property
+    def wire_s(self) -> float:
+        """The part of ``seconds`` that moving bytes takes alone; the rest is latency."""
+        wire = self.bandwidth_s if self.bandwidth_s is not None else float(np.max(self.busy_s, initial=0.0))
+        return min(max(wire, float(np.max(self.busy_s, initial=0.0))), float(self.seconds))
 
     def __float__(self) -> float:
         return float(self.seconds)
@@ -88,8 +98,12 @@ class _Flow:
     links: np.ndarray
     use: np.ndarray
     remaining: float
-    """Seconds of work left at rate 1, as of ``since``."""
+    """Seconds of work left at rate 1, as of ``since``: bytes to move (while ``links``), then the latency."""
+    tail: float
+    """Latency that runs after the bytes have moved."""
     since: float
+    seq: int
+    """Start order: ties between ops are broken by it, so runs are deterministic."""
     rate: float = 1.0
     version: int = 0
 
@@ -122,12 +136,13 @@ class FairShare:
         """Op ``key`` starts at ``now``; the rates of the ops it shares links with change."""
         if key in self._flows:
             raise KeyError(f"op {key!r} is already in flight")
-        seconds = float(cost.seconds)
-        links = np.asarray(cost.links, np.int64)
+        seconds = max(float(cost.seconds), 0.0)
+        wire = cost.wire_s if self.fair else 0.0
         busy = np.asarray(cost.busy_s, float)
-        keep = busy > 0 if self.fair and seconds > 0 else np.zeros(len(links), bool)
-        flow = _Flow(links[keep], np.minimum(busy[keep] / seconds, 1.0) if keep.any() else busy[keep],
-                     max(seconds, 0.0), now)
+        keep = busy > 0 if wire > 0 else np.zeros(len(busy), bool)
+        flow = _Flow(np.asarray(cost.links, np.int64)[keep], np.minimum(busy[keep] / wire, 1.0) if wire > 0 else
+                     busy[keep], wire if keep.any() else seconds, seconds - wire if keep.any() else 0.0, now,
+                     self._counter)
         self._flows[key] = flow
         if not len(flow.links):
             self._schedule(key, flow)
@@ -136,22 +151,21 @@ class FairShare:
             self._by_link.setdefault(link, set()).add(key)
         self._rerate(self._component([key]), now)
 
-    def finish(self, key: Hashable, now: float) -> None:
-        """Op ``key`` ends at ``now`` (normally when :meth:`next_finish` said); its links go to the others."""
-        flow = self._flows.pop(key)
-        neighbours = set()
-        for link in flow.links.tolist():
-            users = self._by_link[link]
-            users.discard(key)
-            if users:
-                neighbours |= users
-            else:
-                del self._by_link[link]
-        if neighbours:
-            self._rerate(self._component(neighbours), now)
+    def finish(self, key: Hashable, now: float) -> bool:
+        """Op ``key``'s current phase ends at ``now`` (when :meth:`next_finish` said): returns True if the op has
+        ended, False if its bytes have moved and its latency runs on (it will come up again)."""
+        flow = self._flows[key]
+        if len(flow.links):
+            self._release(key, flow, now)
+            if flow.tail > 0:
+                flow.remaining, flow.tail, flow.since, flow.rate = flow.tail, 0.0, now, 1.0
+                self._schedule(key, flow)
+                return False
+        del self._flows[key]
+        return True
 
     def next_finish(self) -> tuple[float, Hashable] | None:
-        """When the next op finishes at the current rates, and which (None if nothing is in flight)."""
+        """When the next op's phase ends at the current rates, and which (None if nothing is in flight)."""
         while self._heap:
             when, _, key, version = self._heap[0]
             flow = self._flows.get(key)
@@ -161,14 +175,29 @@ class FairShare:
         return None
 
     def projected_end(self, key: Hashable) -> float:
+        """When op ``key`` ends if no op starts or ends before."""
         flow = self._flows[key]
-        return flow.since + flow.remaining / flow.rate
+        return flow.since + flow.remaining / flow.rate + flow.tail
 
     # -- internals ---------------------------------------------------------------------------------------
     def _schedule(self, key: Hashable, flow: _Flow) -> None:
         flow.version += 1
         heapq.heappush(self._heap, (flow.since + flow.remaining / flow.rate, self._counter, key, flow.version))
         self._counter += 1
+
+    def _release(self, key: Hashable, flow: _Flow, now: float) -> None:
+        """The op's links go to the others."""
+        neighbours = set()
+        for link in flow.links.tolist():
+            users = self._by_link[link]
+            users.discard(key)
+            if users:
+                neighbours |= users
+            else:
+                del self._by_link[link]
+        flow.links = flow.links[:0]
+        if neighbours:
+            self._rerate(self._component(neighbours), now)
 
     def _component(self, keys) -> list:
         """The ops connected to ``keys`` through shared links (themselves included)."""
@@ -179,7 +208,7 @@ class FairShare:
                     if other not in seen:
                         seen.add(other)
                         todo.append(other)
-        return list(seen)
+        return sorted(seen, key=lambda k: self._flows[k].seq)
 
     def _rerate(self, keys: list, now: float) -> None:
         flows = [self._flows[k] for k in keys]
@@ -187,8 +216,7 @@ class FairShare:
             f.remaining = max(0.0, f.remaining - f.rate * (now - f.since))
             f.since = now
         sizes = [len(f.links) for f in flows]
-        ids, compact = np.unique(np.concatenate([f.links for f in flows]), return_inverse=True)
-        del ids
+        _, compact = np.unique(np.concatenate([f.links for f in flows]), return_inverse=True)
         rates = fair_rates(np.repeat(np.arange(len(flows)), sizes), compact,
                            np.concatenate([f.use for f in flows]), len(flows))
         for k, f, r in zip(keys, flows, rates.tolist(), strict=True):

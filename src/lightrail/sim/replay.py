@@ -214,8 +214,8 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
     while heap or len(share):
         flow = share.next_finish()
         if flow is not None and (not heap or flow[0] <= heap[0][0]):
-            share.finish(flow[1], flow[0])
-            end(flow[1], flow[0])
+            if share.finish(flow[1], flow[0]):  # else its bytes have moved and its latency runs on
+                end(flow[1], flow[0])
             continue
         t, _, r, i = heapq.heappop(heap)
         done[r][i] = True
