@@ -26,6 +26,8 @@ from lightrail.fabric.params import (
     FabricKind,
     RailFabric,
 )
+from lightrail.fabric.topology import Topology
+from lightrail.sim.costs import EngineTerms
 from lightrail.units import format_time, parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
 from lightrail.workload.chakra import ChakraTrace, read_chakra
@@ -43,6 +45,9 @@ class _Strict(BaseModel):
 
 
 _JOB = {f.name: f.default for f in fields(TrainingJob)}  # the job section's defaults are TrainingJob's
+_TOPOLOGY_ALIASES = {"fat_tree": "fat-tree"}  # cluster.topology: build_topology's names, torus, fat_tree
+_BUILDER_FIELDS = {"--shape": "cluster.shape", "ranks": "cluster.gpus", "--topology": "cluster.topology",
+                   "routing": "cluster.routing"}
 
 
 class ModelSection(_Strict):
@@ -72,6 +77,30 @@ class ClusterSection(_Strict):
     routing: Literal["pxn", "ecmp"] = Field(RailFabric.routing, description="Electrical rails: NCCL's PXN (a flow "
                                             "uses the rail of its destination GPU, as photonic rails do) or ECMP over "
                                             "both rails of a cross-rail flow.")
+    topology: Literal["rails", "ring", "switch", "torus", "torus2d", "torus3d", "fat-tree", "fat_tree"] = Field(
+        "rails", description="The network: rails (servers on NVLink, one rail switch per GPU of a server; the only "
+        "one a model runs on) or, for a trace (workload: {chakra: DIR}), ring, switch, torus (torus2d, torus3d; "
+        "sides in shape) or fat-tree (fat_tree; hosts_per_leaf, oversubscription). Every link of a topology other "
+        "than rails runs at rail_bandwidth, with latency per hop; nvlink_bandwidth and gpus_per_server are rails' "
+        "alone.")
+    shape: list[int] | None = Field(None, description="Torus sides, e.g. [4, 4] (their product is gpus; default: as "
+                                    "square as possible, 2D for torus).")
+    hosts_per_leaf: int | None = Field(None, ge=1, description="Fat tree: GPUs under one leaf switch (default: 32).")
+    oversubscription: float | None = Field(None, ge=1, description="Fat tree: a leaf's down over up capacity (1: "
+                                           "non-blocking, the default).")
+
+
+class EngineSection(_Strict):
+    sharing: Literal["fair", "none"] = Field(RailFabric.sharing, description="Ops in flight at once share links at "
+                                             "max-min fair rates (fair), or each runs as if alone (none).")
+    endpoint_delay: str | int | float = Field("0s", description="Time each step's data waits at its endpoints, "
+                                              "charged once per step and once more per collective (ASTRA-sim's "
+                                              "endpoint-delay, e.g. 10ns); a time with a unit, 0 for none. Trace "
+                                              "scenarios only.")
+    local_mem_bw: str | None = Field(None, description="Rate of the local memory a reduction streams through (a "
+                                     "step reducing c chunks into a rank adds 3 c chunk_bytes / local_mem_bw, "
+                                     "ASTRA-sim's local-mem-bw), e.g. 1600GBps; default: not charged. Trace "
+                                     "scenarios only.")
 
 
 class ParallelSection(_Strict):
@@ -138,6 +167,8 @@ class Scenario(_Strict):
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     job: JobSection | None = Field(None, description="The training job (required with a model).")
     ocs: OcsSection = Field(default_factory=OcsSection)
+    engine: EngineSection = Field(default_factory=EngineSection, description="The step engine's terms: link "
+                                  "sharing among ops in flight, endpoint delay, local memory rate.")
     costs: dict[str, float | int | bool] = Field(default_factory=dict, description="CostFacts overrides.")
 
     def build(self, base: Path | None = None) -> Built:
@@ -150,6 +181,17 @@ class Scenario(_Strict):
         if self.job is None:
             raise ScenarioError("a model needs a job section", field="job.micro_batches",
                                 fix="e.g. job: {micro_batches: 16}")
+        if self.cluster.topology != "rails":
+            raise ScenarioError(f"a model's iteration runs on rails, not on a {self.cluster.topology}",
+                                field="cluster.topology", fix="drop cluster.topology (or set rails), or replay a "
+                                "trace on it: workload: {chakra: DIR}")
+        self._topology(1)  # refuses torus or fat-tree arguments on rails
+        terms = self._engine_terms()
+        for name, value, off in (("endpoint_delay", terms.endpoint_delay, 0.0),
+                                 ("local_mem_bw", terms.local_mem_bw, None)):
+            if value != off:
+                raise ScenarioError("the iteration simulator does not charge it (trace replays do)",
+                                    field=f"engine.{name}", fix="drop it, or replay a trace: workload: {chakra: DIR}")
         model = _model(self.model, base)
         c = self.cluster
         accel, fabric, params, costs, rail_speed = self._fabric()
@@ -172,7 +214,8 @@ class Scenario(_Strict):
                             latency=parse_time(c.latency, field="cluster.latency"),
                             alpha=parse_time(c.alpha, field="cluster.alpha"), routing=c.routing,
                             check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
-                            command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"))
+                            command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"),
+                            sharing=self.engine.sharing)
         knobs = self.ocs.model_dump(exclude={"reconfig_delay", "check_in_rtt", "command_latency"})
         params = OpusParams(**knobs)
         known = {f.name for f in fields(CostFacts)}
@@ -204,7 +247,60 @@ class Scenario(_Strict):
             raise ScenarioError(f"the trace has {trace.world} ranks, the cluster {self.cluster.gpus} GPUs",
                                 field="cluster.gpus", fix=f"set cluster.gpus: {trace.world}")
         accel, fabric, params, costs, rail_speed = self._fabric()
-        return Built(self, None, accel, None, fabric, params, costs, rail_speed, trace=trace)
+        terms = self._engine_terms()
+        topology = self._topology(trace.world, fabric)
+        return Built(self, None, accel, None, fabric, params, costs, rail_speed, trace=trace, topology=topology,
+                     engine=terms)
+
+    def _engine_terms(self) -> EngineTerms:
+        """The engine section's endpoint delay and local memory rate, in seconds and bytes/s."""
+        e = self.engine
+        delay = e.endpoint_delay
+        if isinstance(delay, bool) or (isinstance(delay, (int, float)) and delay != 0):
+            raise ScenarioError(f"{delay!r} has no unit", field="engine.endpoint_delay",
+                                fix="give a time with a unit, e.g. 10ns, 1us; 0 for none")
+        seconds = parse_time(delay, field="engine.endpoint_delay")
+        rate = None if e.local_mem_bw is None else parse_rate(e.local_mem_bw, field="engine.local_mem_bw")
+        return EngineTerms(endpoint_delay=seconds, local_mem_bw=rate)
+
+    @property
+    def topology_kind(self) -> str:
+        """``cluster.topology`` as :func:`lightrail.fabric.builders.build_topology` names it (torus: torus2d or
+        torus3d by the length of ``cluster.shape``; fat_tree: fat-tree)."""
+        c = self.cluster
+        kind = _TOPOLOGY_ALIASES.get(c.topology, c.topology)
+        if kind == "torus":
+            kind = f"torus{len(c.shape)}d" if c.shape and len(c.shape) in (2, 3) else "torus2d"
+        return kind
+
+    def _topology(self, world: int, fabric: RailFabric | None = None) -> Topology | None:
+        """The cluster's network for ``world`` GPUs (None without a fabric, or for one GPU); arguments that
+        its topology does not take are refused, and the builder's errors name the cluster field at fault."""
+        from lightrail.fabric.builders import build_topology
+
+        c = self.cluster
+        kind = self.topology_kind
+        given = {"shape": c.shape is not None, "hosts_per_leaf": c.hosts_per_leaf is not None,
+                 "oversubscription": c.oversubscription is not None}
+        takes = {"shape": kind.startswith("torus"), "hosts_per_leaf": kind == "fat-tree",
+                 "oversubscription": kind == "fat-tree"}
+        for name in given:
+            if given[name] and not takes[name]:
+                owner = "a torus" if name == "shape" else "a fat tree"
+                raise ScenarioError(f"only {owner} takes {name}, and the topology is {c.topology}",
+                                    field=f"cluster.{name}", fix=f"drop it, or set cluster.topology to "
+                                    f"{'torus' if name == 'shape' else 'fat-tree'}")
+        if fabric is None or world < 2:
+            return None
+        args = {"shape": tuple(c.shape) if c.shape is not None else None,
+                "hosts_per_leaf": c.hosts_per_leaf, "oversubscription": c.oversubscription}
+        try:
+            return build_topology(kind, world, bandwidth=fabric.nic_bandwidth, latency=fabric.latency,
+                                  gpus_per_server=c.gpus_per_server, nvlink_bandwidth=fabric.nvlink_bandwidth,
+                                  routing=fabric.routing, **{k: v for k, v in args.items() if v is not None})
+        except LightrailError as e:
+            field = _BUILDER_FIELDS.get(e.field or "", f"cluster.{e.field}" if e.field else "cluster.topology")
+            raise type(e)(e.message, field=field, fix=e.fix) from None
 
 
 @dataclass(frozen=True)
@@ -219,6 +315,11 @@ class Built:
     rail_speed: str
     trace: ChakraTrace | None = None
     """A scenario's recorded workload (``workload: {chakra: DIR}``); then ``model`` and ``job`` are None."""
+    topology: Topology | None = None
+    """A trace's network for its ranks (``cluster.topology``, rails by default; None for a model, whose
+    iteration runs on the rails of ``fabric``, or a one-rank trace)."""
+    engine: EngineTerms | None = None
+    """A trace's engine terms (``engine.endpoint_delay``, ``engine.local_mem_bw``; None for a model)."""
 
 
 def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:

@@ -33,7 +33,8 @@ def write_replay(run: TraceRun, out_dir: Path) -> None:
 def print_replay(run: TraceRun, console, out_dir: Path | None) -> None:
     s = run.result.summary()
     ops = ", ".join(f"{v} {k}" for k, v in run.ops.items() if ":" not in k)
-    console.print(f"{run.scenario}: Chakra trace {run.source}, {run.ranks} ranks ({ops}) on electrical rails")
+    where = "electrical rails" if run.fabric == "electrical" else f"a {run.topology}"
+    console.print(f"{run.scenario}: Chakra trace {run.source}, {run.ranks} ranks ({ops}) on {where}")
     console.print(f"  iteration {format_time(s['iteration_time_s'])}: compute {format_time(s['compute_s'])}, "
                   f"communication {format_time(s['communication_s'])}, idle {format_time(s['idle_s'])} "
                   "(mean per rank)")

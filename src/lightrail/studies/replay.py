@@ -1,11 +1,13 @@
-"""A recorded workload (a Chakra trace named by the scenario) replayed on the scenario's electrical rails."""
+"""A recorded workload (a Chakra trace named by the scenario) replayed on the scenario's network: electrical rails
+by default, or the topology it names (``cluster.topology``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lightrail.sim.replay import RailsCost, ReplayResult, replay
+from lightrail.sim.costs import FabricCost
+from lightrail.sim.replay import ReplayResult, replay
 
 if TYPE_CHECKING:
     from lightrail.scenario import Built
@@ -26,6 +28,10 @@ class TraceRun:
     ranks: int
     ops: dict[str, int]
     fabric: str
+    """``electrical`` (rails), else the topology's kind (``ring``, ``switch``, ``torus2d``, ``fat-tree``, ...)."""
+    topology: str = "rails"
+    """The built network's name, e.g. ``ring(n=8)``, ``rails(n=16,g=8,pxn)``."""
+    sharing: str = "fair"
     result: ReplayResult = field(repr=False)
 
     def rows(self) -> list[dict]:
@@ -34,18 +40,26 @@ class TraceRun:
 
     def to_dict(self) -> dict:
         return {"scenario": self.scenario, "workload": "chakra", "source": self.source, "ranks": self.ranks,
-                "ops": self.ops, "fabric": self.fabric, **self.result.summary(), "per_rank": self.rows()}
+                "ops": self.ops, "fabric": self.fabric, "topology": self.topology, "sharing": self.sharing,
+                **self.result.summary(), "per_rank": self.rows()}
 
 
 def simulate_trace(built: Built) -> TraceRun:
-    """Replay ``built.trace`` on electrical rails of the scenario's NIC/NVLink rates, latency and alpha.
+    """Replay ``built.trace`` on the scenario's network (``built.topology``: electrical rails of its NIC/NVLink
+    rates by default, or a ring, switch, torus or fat tree of links at the rail rate), with its latency per hop,
+    alpha, engine terms (endpoint delay, local memory rate) and link sharing among ops in flight.
 
     Photonic rails need the phase of every op (its parallelism dimension), which a trace's process groups
-    do not name, so traces run on the electrical baseline only."""
+    do not name, so traces run on static fabrics only."""
     trace = built.trace
     if trace is None:
         raise ValueError("the scenario has no trace")
-    cost = RailsCost(trace.world, built.fabric, built.scenario.cluster.gpus_per_server)
-    result = replay(trace, cost.collective, cost.transfer, record=TIMELINE_RANKS)
+    c = built.scenario.cluster
+    cost = FabricCost(trace.world, built.fabric, c.gpus_per_server, topology=built.topology, terms=built.engine)
+    sharing = built.fabric.sharing
+    result = replay(trace, cost.collective, cost.transfer, record=TIMELINE_RANKS, sharing=sharing)
+    kind = built.scenario.topology_kind
+    name = built.topology.name if built.topology is not None else f"{kind}(n={trace.world})"
     return TraceRun(scenario=built.scenario.name, source=trace.source, ranks=trace.world, ops=trace.ops(),
-                    fabric="electrical", result=result)
+                    fabric="electrical" if kind == "rails" else kind, topology=name, sharing=sharing,
+                    result=result)
