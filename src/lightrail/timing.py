@@ -381,21 +381,35 @@ class Engine:
         return [self.step_model(schedule.src[a:z], schedule.dst[a:z]) if z > a else empty
                 for a, z in zip(ptr[:-1], ptr[1:], strict=True)]
 
-    def time(self, schedule: Schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
-        """Time ``schedule`` with ``size`` bytes in each rank's buffer."""
+    def time(self, schedule: Schedule, size: float, *, profile: list[StepModel] | None = None,
+             splits: int = 1) -> CollectiveTiming:
+        """Time ``schedule`` with ``size`` bytes in each rank's buffer.
+
+        ``splits`` k cuts the buffer into k chunks of ``size / k`` that run the whole schedule one after another:
+        k x the time of ``size / k`` (k x the start-ups), ``step_times`` the k runs' steps in turn. This is
+        ASTRA-sim's ``preferred-dataset-splits`` with ``active-chunks-per-dimension`` 1 on one dimension
+        (``Sys::generate_collective``: one ``StreamBaseline`` per chunk, run one at a time per queue).
+        """
+        if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or splits < 1:
+            from lightrail.errors import UnsupportedError
+
+            raise UnsupportedError(f"splits={splits!r} is not a whole number of chunks", field="splits",
+                                   fix="use 1 (the whole buffer at once) or more")
         models = self.profile(schedule) if profile is None else profile
-        cb = schedule.chunk_bytes(size)
+        cb = schedule.chunk_bytes(size / splits)
         cache: dict[int, float] = {}
         for m in models:
             if id(m) not in cache:
                 cache[id(m)] = m.time(cb, self.alpha)
         times = np.array([cache[id(m)] for m in models])
-        if not (self.endpoint_delay or self.local_mem_bw):
-            return CollectiveTiming(schedule.name, float(size), float(times.sum()), times)
-        times = times + self.endpoint_delay
+        if self.endpoint_delay:
+            times = times + self.endpoint_delay
         if self.local_mem_bw:
             times = times + 3.0 * cb * _reduced_chunks(schedule) / self.local_mem_bw
-        return CollectiveTiming(schedule.name, float(size), float(times.sum()) + self.endpoint_delay, times)
+        total = float(times.sum()) + self.endpoint_delay  # the result's endpoint delay (0 by default)
+        if splits > 1:
+            total, times = splits * total, np.tile(times, int(splits))
+        return CollectiveTiming(schedule.name, float(size), total, times)
 
     # -- compressed schedules ------------------------------------------------------------------
     def profile_compressed(self, schedule) -> list[StepModel]:
@@ -417,9 +431,11 @@ class Engine:
                 models.append(self.step_model(src, dst, weight))  # the same pairs and chunk counts
         return [models[p] for p in schedule.step_pattern]
 
-    def time_compressed(self, schedule, size: float, *, profile: list[StepModel] | None = None) -> CollectiveTiming:
-        """:meth:`time` of a ``CompressedSchedule``: equals ``time(schedule.expand(), size)``."""
-        return self.time(schedule, size, profile=self.profile_compressed(schedule) if profile is None else profile)
+    def time_compressed(self, schedule, size: float, *, profile: list[StepModel] | None = None,
+                        splits: int = 1) -> CollectiveTiming:
+        """:meth:`time` of a ``CompressedSchedule``: equals ``time(schedule.expand(), size, splits=splits)``."""
+        return self.time(schedule, size, profile=self.profile_compressed(schedule) if profile is None else profile,
+                         splits=splits)
 
     # -- what an op keeps busy (flow-level sharing) --------------------------------------------------
     @staticmethod
@@ -437,16 +453,26 @@ class Engine:
         uniq, inv = np.unique(links, return_inverse=True)
         return uniq, np.bincount(inv, weights=seconds, minlength=len(uniq))
 
+    @staticmethod
+    def wire(models: list[StepModel], chunk_bytes: float) -> float:
+        """Seconds of the steps ``models`` spent moving bytes: per step, the slowest pair's bytes over its
+        bottleneck (the rest of a step's time is start-up and hop latency)."""
+        seen: dict[int, list] = {}
+        for m in models:
+            seen.setdefault(id(m), [m, 0])[1] += 1
+        return float(sum(n * chunk_bytes * float(np.max(m.per_byte, initial=0.0)) for m, n in seen.values()))
+
     def op_cost(self, schedule, size: float, *, profile: list[StepModel] | None = None) -> OpCost:
         """:meth:`time` of a schedule (or a ``CompressedSchedule``) with the links it keeps busy."""
         compressed = hasattr(schedule, "step_pattern")
         if profile is None:
             profile = self.profile_compressed(schedule) if compressed else self.profile(schedule)
         timing = self.time(schedule, size, profile=profile)
-        return OpCost(timing.time_s, *self.busy(profile, schedule.chunk_bytes(size)))
+        chunk = schedule.chunk_bytes(size)
+        return OpCost(timing.time_s, *self.busy(profile, chunk), bandwidth_s=self.wire(profile, chunk))
 
     def transfer_cost(self, src, dst, nbytes) -> OpCost:
         """:meth:`transfer_time` with the links the transfers keep busy."""
         src = np.asarray(src)
         model = self.step_model(src, dst, np.broadcast_to(np.asarray(nbytes, float), src.shape))
-        return OpCost(model.time(1.0, self.alpha), *self.busy([model], 1.0))
+        return OpCost(model.time(1.0, self.alpha), *self.busy([model], 1.0), bandwidth_s=self.wire([model], 1.0))
