@@ -122,7 +122,7 @@ def test_cli_contract_fragment_and_plot(tmp_path):
     path.write_text(nccl_log(engine_times("switch", "ring", 16, SIZES, alpha, latency, bw), SIZES, 16, noise=0.01))
     runner = CliRunner()
     result = runner.invoke(app, ["calibrate", "nccl-tests", str(path), "--ranks", "16", "--topology", "switch",
-                                 "--algo", "ring", "--json"])
+                                 "--algo", "ring", "--model", "engine", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["bandwidth_Bps"] == pytest.approx(bw, rel=0.03)
@@ -131,7 +131,8 @@ def test_cli_contract_fragment_and_plot(tmp_path):
     assert 0 < data["rms_relative_error"] < 0.03
     assert not (tmp_path / "out").exists()  # --json writes nothing without --out
     out = tmp_path / "out"
-    result = runner.invoke(app, ["calibrate", "nccl-tests", str(path), "--ranks", "16", "--out", str(out)])
+    result = runner.invoke(app, ["calibrate", "nccl-tests", str(path), "--ranks", "16", "--model", "engine",
+                                 "--out", str(out)])
     assert result.exit_code == 0, result.output
     fragment = yaml.safe_load((out / "calibration.yaml").read_text())
     assert set(fragment["cluster"]) == {"alpha", "latency", "rail_bandwidth"}

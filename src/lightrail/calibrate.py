@@ -200,11 +200,13 @@ def fit_terms(terms: StepTerms, rows: list[NcclRow], *, latency_s: float, in_pla
               for (s, ip), m, t, e in zip(labels, measured, model, rel, strict=True)]
     x = _design(terms, sizes[big:big + 1], alpha, latency, bandwidth)[0]
     per_step = float(x[1] / x[0])
+    rms = float(np.sqrt(np.mean(rel ** 2)))
+    warnings = [f"rms relative error {rms:.1%} is above {RMS_GOAL:.0%}: one schedule does not describe this log "
+                "(NCCL changes algorithm and protocol with the size: try --model nccl)"] if rms > RMS_GOAL else []
     return Calibration(kind=kind, algo=algo, topology=topology, ranks=ranks, alpha_s=alpha,
                        latency_s=latency, bandwidth_Bps=bandwidth, latency_fitted=fitted, hops_per_step=per_step,
-                       startup_per_step_s=alpha + per_step * latency,
-                       rms_relative_error=float(np.sqrt(np.mean(rel ** 2))),
-                       max_relative_error=float(np.max(np.abs(rel))), points=points)
+                       startup_per_step_s=alpha + per_step * latency, rms_relative_error=rms,
+                       max_relative_error=float(np.max(np.abs(rel))), points=points, warnings=warnings)
 
 
 # ---- NCCL's algorithm x protocol model ---------------------------------------------------------------------------
@@ -384,3 +386,48 @@ def _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured,
         nominal={**nominal, **{f"fitted_over_{k}": r for k, r in ratio.items()}},
         communicator={"ranks": comm.nranks, "nodes": comm.nnodes, "gpus_per_node": comm.ppn, "nvls": comm.nvls,
                       "collnet": comm.collnet, "arch": comm.arch, "cpu": comm.cpu})
+
+
+_ARCH_OF = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "a100": "ampere"}
+"""GPU preset (``lightrail.workload.hardware.GPUS``) -> NCCL's GPU class."""
+_ARCH_NAMES = {"v100": "volta", "t4": "volta", "a10": "ampere", "a40": "ampere", "l40": "ampere", "gh200": "hopper",
+               "gb200": "blackwell", "b100": "blackwell"}
+"""Device names the log may print without a preset: their NCCL class (nominal rates then come from the options)."""
+
+
+def nccl_communicator(ranks: int, gpus_per_server: int, *, gpu: str | None = None, arch: str | None = None,
+                      nvlink_Bps: float | None = None, nic_Bps: float | None = None, nvls: bool | None = None,
+                      collnet: bool = False, devices: tuple[str, ...] | list[str] = ()) -> tuple:
+    """The communicator NCCL's model prices and the nominal rates it is checked against, from the options and
+    the GPU names the log prints: ``(Communicator, {"nvlink_Bps", "nic_Bps"}, warnings)``. The GPU is ``gpu``
+    (a preset: h100, h200, b200, a100), else the preset the log's device names contain, else H100's rates with a
+    warning; ``nvlink_Bps``/``nic_Bps`` override its rates, ``arch`` its NCCL class. NVLS defaults to on for
+    Hopper and Blackwell (NVSwitch multicast)."""
+    from lightrail.nccl import Communicator
+    from lightrail.workload.hardware import GPUS
+    from lightrail.workload.hardware import gpu as preset
+
+    warnings = []
+    spec = preset(gpu) if gpu else None
+    named = " ".join(devices).lower()
+    if spec is None:
+        found = [k for k in GPUS if k in named.replace(" ", "").replace("-", "")]
+        spec = GPUS[found[0]] if found else None
+    key = next((k for k, v in GPUS.items() if v is spec), None)
+    if arch is None:
+        arch = _ARCH_OF.get(key) or next((a for k, a in _ARCH_NAMES.items() if k in named), None)
+    if spec is None and (nvlink_Bps is None or nic_Bps is None):
+        from lightrail.defaults import NIC_BANDWIDTH, NVLINK_BANDWIDTH
+
+        warnings.append("no --gpu given and the log names no GPU preset: nominal rates "
+                        f"{'' if nvlink_Bps else 'NVLink 450 GB/s '}{'' if nic_Bps else 'NIC 400 Gb/s '}assumed "
+                        "(H100; give --gpu, --nvlink-bandwidth, --rail-bandwidth)")
+        nvlink_Bps, nic_Bps = nvlink_Bps or NVLINK_BANDWIDTH, nic_Bps or NIC_BANDWIDTH
+    nvlink_Bps = nvlink_Bps or spec.nvlink_bandwidth
+    nic_Bps = nic_Bps or spec.nic_bandwidth
+    arch = arch or "hopper"
+    if gpus_per_server < 1:
+        raise ScenarioError(f"{gpus_per_server} GPUs per server", field="--gpus-per-server", fix="use 1 or more")
+    comm = Communicator(nranks=ranks, gpus_per_node=gpus_per_server, nvlink_Bps=nvlink_Bps, nic_Bps=nic_Bps,
+                        nvls=(arch in ("hopper", "blackwell")) if nvls is None else nvls, collnet=collnet, arch=arch)
+    return comm, {"nvlink_Bps": nvlink_Bps, "nic_Bps": nic_Bps}, warnings
