@@ -102,6 +102,7 @@ class NcclLog:
 
     @property
     def ranks(self) -> int | None:
+        """The first table's :attr:`NcclTable.ranks`."""
         return self.tables[0].ranks if self.tables else None
 
 
@@ -110,7 +111,7 @@ class NcclLog:
 class _Header:
     """What the lines before a table said."""
 
-    ranks: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rank -> (host, pid:device, GPU name)
+    ranks: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (host, GPU name)
     group: int = 4  # fields per half: time algbw busbw #wrong (+ i_min i_max i_p99 i_cv% with per-iteration timing)
     timestamps: bool = False
     halves: tuple[int, int] | None = None  # columns of the "out-of-place" and "in-place" titles
@@ -122,15 +123,14 @@ class _Table:
     header: _Header
     first_line: int
     rows: list[NcclRow] = field(default_factory=list)
+    seen: set[NcclRow] = field(default_factory=set)  # the rows with line 0, to drop a row printed twice
     elided: bool = False
-    label: str = ""
 
 
 class _Stream:
     """Tables of one launcher label; lines of other labels may interleave."""
 
-    def __init__(self, label: str):
-        self.label = label
+    def __init__(self) -> None:
         self.header = _Header()
         self.current: _Table | None = None
         self.done: list[_Table] = []
@@ -151,7 +151,7 @@ class _Stream:
 
     def table(self, number: int) -> _Table:
         if self.current is None:
-            self.current = _Table(self.header, number, elided=self.pending_elision, label=self.label)
+            self.current = _Table(self.header, number, elided=self.pending_elision)
             self.pending_elision = False
             self.header.used = True
         return self.current
@@ -202,7 +202,7 @@ def _row(body: str, number: int, header: _Header) -> NcclRow:
     if not _NAME.match(dtype):
         raise ValueError(f"type {dtype!r} is not a data type name")
     redop = "none"
-    if rest and _NAME.match(rest[0]) and rest[0].upper() != "N/A":
+    if rest and _NAME.match(rest[0]):
         redop, rest = rest[0], rest[1:]
     width = header.group
     root = -1
@@ -251,8 +251,8 @@ def _header_line(content: str, body: str, stream: _Stream) -> str | None:
         return None
     if m := _RANK.match(content):
         stream.fresh_header()
-        rank, pid, host, device, name = m.groups()
-        stream.header.ranks.setdefault(int(rank), (host, f"{pid}:{device}", name.strip()))
+        rank, host, name = m[1], m[3], m[5]
+        stream.header.ranks.setdefault(int(rank), (host, name.strip()))
         return None
     words = content.replace("#", " ").split()
     if _is_title(words):
@@ -292,7 +292,7 @@ def _finish(table: _Table, op: str | None) -> NcclTable:
     listed = sorted(ranks)
     hosts = [ranks[r][0] for r in listed]
     return NcclTable(op=op, rows=table.rows, ranks=(listed[-1] + 1) if listed else None,
-                     devices=tuple(ranks[r][2] for r in listed), nodes=tuple(dict.fromkeys(hosts)),
+                     devices=tuple(ranks[r][1] for r in listed), nodes=tuple(dict.fromkeys(hosts)),
                      elided=table.elided)
 
 
@@ -315,7 +315,7 @@ def read_nccl_tests(text: str, *, source: str = "FILE") -> NcclLog:
     last: _Stream | None = None  # the stream of the last row
     for number, raw in enumerate(text.splitlines(), start=1):
         body, label = _strip_labels(raw)
-        stream = streams.setdefault(label, _Stream(label))
+        stream = streams.setdefault(label, _Stream())
         text_ = body.strip()
         if not text_:
             continue
@@ -346,9 +346,9 @@ def read_nccl_tests(text: str, *, source: str = "FILE") -> NcclLog:
             warnings.append(f"{source}:{number}: skipped, {e}: {text_[:60]!r}")
             continue
         table = stream.table(number)
-        key = replace(row, line=0)
-        if any(replace(r, line=0) == key for r in table.rows):
+        if (key := replace(row, line=0)) in table.seen:
             continue  # the same row printed twice
+        table.seen.add(key)
         table.rows.append(row)
         last = stream
     for stream in streams.values():
