@@ -145,3 +145,45 @@ def test_cli_contract_fragment_and_plot(tmp_path):
     assert built.fabric.nic_bandwidth == pytest.approx(parse_rate(fragment["cluster"]["rail_bandwidth"]))
     wrong = runner.invoke(app, ["calibrate", "nccl-tests", str(path), "--ranks", "8", "--json"])
     assert wrong.exit_code == 2 and "--ranks" in wrong.output
+
+
+def test_cli_nccl_model_contract(tmp_path):
+    """--model nccl (the default): the old keys stay, with warnings, per-size choices and the fitted parameters;
+    --algo forces one algorithm (the protocol is still chosen); bad input is one line naming the flag."""
+    from lightrail.nccl import Communicator, NcclParams, choose
+
+    comm = Communicator(nranks=32, gpus_per_node=8, nvlink_Bps=450e9, nic_Bps=50e9, nvls=True)
+    truth = NcclParams(nic_Bps=40e9, base_latency_s=(10e-6, 20e-6, 12e-6))
+    times = choose("allreduce", SIZES, comm, truth).seconds * 1e6
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text(nccl_log(list(times), SIZES, 32, noise=0.01))
+    runner = CliRunner()
+    base = ["calibrate", "nccl-tests", str(path), "--ranks", "32", "--gpus-per-server", "8", "--topology", "rails"]
+    result = runner.invoke(app, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    old = {"kind", "algo", "topology", "ranks", "alpha_s", "latency_s", "bandwidth_Bps", "latency_fitted",
+           "hops_per_step", "startup_per_step_s", "rms_relative_error", "max_relative_error", "points"}
+    assert old | {"warnings", "choices", "params", "model"} <= set(data)
+    assert data["model"] == "nccl" and data["algo"] == "auto" and data["topology"] == "rails"
+    assert data["rms_relative_error"] < 0.03 and data["warnings"] == []  # the log names H100: its rates are nominal
+    assert data["params"]["nic_Bps"] == pytest.approx(40e9, rel=0.05)
+    assert [c["size"] for c in data["choices"]] == SIZES
+    assert {c["protocol"] for c in data["choices"]} >= {"LL", "Simple"}
+    forced = json.loads(runner.invoke(app, [*base, "--algo", "ring", "--json"]).stdout)
+    assert {c["algorithm"] for c in forced["choices"]} == {"ring"} and forced["algo"] == "ring"
+    assert len({c["protocol"] for c in forced["choices"]}) > 1
+    slow = runner.invoke(app, [*base, "--rail-bandwidth", "100Gbps", "--json"])  # 40 GB/s fitted > 12.5 nominal
+    assert any("NIC bandwidth" in w for w in json.loads(slow.stdout)["warnings"])
+    shown = runner.invoke(app, [*base, "--rail-bandwidth", "100Gbps"])
+    assert shown.exit_code == 0 and "warning:" in shown.output and "nvls-tree" in shown.output
+    for args, flag in ((["--algo", "tree", "--op", "broadcast"], "--algo"), (["--algo", "hypercube"], "--algo"),
+                       (["--topology", "torus2d"], "--topology"), (["--model", "exact"], "--model"),
+                       (["--gpus-per-server", "3"], "--gpus-per-server"), (["--gpu", "z80"], "--gpu")):
+        bad = runner.invoke(app, [*base, *args, "--json"])
+        assert bad.exit_code == 2 and flag in bad.output and "Traceback" not in bad.output, (args, bad.output)
+    out = tmp_path / "out"
+    assert runner.invoke(app, [*base, "--out", str(out)]).exit_code == 0
+    fragment = yaml.safe_load((out / "calibration.yaml").read_text())
+    assert set(fragment["cluster"]) == {"alpha", "latency", "rail_bandwidth", "nvlink_bandwidth"}
+    assert (out / "calibration.png").stat().st_size > 0
