@@ -70,6 +70,9 @@ def collective_cmd(
     oversubscription: Oversubscription = 1.0,
     root: Annotated[int, typer.Option("--root", help="Root rank (broadcast, reduce).")] = 0,
     pipeline: Annotated[int, typer.Option("--pipeline", help="Chunks per tree (double-binary-tree).")] = 1,
+    splits: Annotated[int, typer.Option("--splits", help="Cut the buffer into K chunks that run the whole "
+                                        "algorithm one after another: K x the time of size/K (ASTRA-sim's "
+                                        "preferred-dataset-splits, one active chunk).")] = 1,
     reconfigurable: Annotated[bool, typer.Option("--reconfigurable", help="Plan on a reconfigurable circuit "
                                                  "fabric instead of --topology (see --ports, --ocs-delay).")]
     = False,
@@ -95,6 +98,7 @@ def collective_cmd(
         raise ScenarioError(f"root {root} is not a rank of {ranks}", field="--root", fix=f"use 0..{ranks - 1}")
     if pipeline < 1:
         raise ScenarioError("must be at least 1", field="--pipeline")
+    check_splits(splits, nbytes, reconfigurable=reconfigurable)
     check_collective_size(algorithm.kind, algo, ranks, pipeline=pipeline)
     if reconfigurable:  # the exact plan holds the explicit schedule, compressed form or not
         check_fits(EXPLICIT_BYTES_PER_RANK2 * ranks**2, field="--ranks", value=f"a plan on {ranks} ranks",
@@ -109,13 +113,42 @@ def collective_cmd(
     else:
         fabric = build_fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
                               hosts_per_leaf, oversubscription)
-        result = evaluate(algorithm.kind, algo, ranks, nbytes, fabric, alpha=parse_time(alpha, field="--alpha"),
-                          **params)
+        result = in_splits(evaluate(algorithm.kind, algo, ranks, nbytes / splits, fabric,
+                                    alpha=parse_time(alpha, field="--alpha"), **params), nbytes, splits)
         show = print_collective
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "splits": splits})
     else:
         show(result, out)
+
+
+def check_splits(splits: int, nbytes: float, *, reconfigurable: bool = False) -> None:
+    """Refuse a ``--splits`` that is not 1 or more, cuts chunks below a byte, or meets ``--reconfigurable``."""
+    if splits < 1:
+        raise ScenarioError(f"{splits} is not a number of chunks", field="--splits",
+                            fix="use 1 (the whole buffer at once) or more")
+    if splits > max(1.0, nbytes):
+        raise ScenarioError(f"{splits:,} chunks of a {nbytes:,.0f}-byte buffer are under a byte each",
+                            field="--splits", fix=f"use at most {max(1, int(nbytes)):,}")
+    if splits > 1 and reconfigurable:
+        raise ScenarioError("--splits times a fixed --topology; the reconfiguration plan takes the whole buffer",
+                            field="--splits", fix="drop --splits or --reconfigurable")
+
+
+def in_splits(result, size: float, splits: int):
+    """``result``, one chunk of ``size / splits`` bytes, as the whole buffer run in ``splits`` chunks one after
+    another: ``splits`` x its time and steps, bandwidths of ``size``. The same number as
+    ``Engine.time(schedule, size, splits=splits)`` (tests/test_splits.py checks it)."""
+    if splits == 1:
+        return result
+    from dataclasses import replace
+
+    from lightrail.collectives import bus_factor
+
+    time_s = splits * result.time_s
+    algbw = size / time_s if time_s > 0 else float("inf")
+    return replace(result, schedule=f"{result.schedule} in {splits} chunks", size_bytes=float(size), time_s=time_s,
+                   steps=splits * result.steps, algbw_Bps=algbw, busbw_Bps=algbw * bus_factor(result.op, result.ranks))
 
 
 @app.command("algorithms")
