@@ -6,6 +6,7 @@ ASTRA-sim is not part of lightrail and no script here builds it: build its analy
 
     python benchmarks/vs_astra_sim.py --astra-sim PATH/AstraSim_Analytical_Congestion_Unaware
     python benchmarks/vs_astra_sim.py --astra-sim PATH --ranks 8,64,256 --size 1GiB --terms astra
+    python benchmarks/vs_astra_sim.py --astra-sim PATH --cases allreduce:ring:ring:4,alltoall:ring:ring
 
 Without ``--astra-sim`` (or ``$ASTRA_SIM``) only lightrail's side is printed.
 
@@ -16,8 +17,11 @@ Configured alike:
   its endpoint delay 1 ns (0 trips an assertion in its event queue), lightrail with no extra terms;
 - ``--terms astra``: ASTRA-sim's example values (``endpoint-delay`` 10 ns, ``local-mem-bw`` 1600 GB/s), and
   lightrail's optional engine terms set to the same (``Engine(endpoint_delay=..., local_mem_bw=...)``).
-ASTRA-sim runs one chunk per collective (``preferred-dataset-splits`` 1, ``active-chunks-per-dimension`` 1)
-and the ``baseline`` collective optimisation, so it executes the textbook algorithm lightrail generates.
+ASTRA-sim runs the ``baseline`` collective optimisation with ``active-chunks-per-dimension`` 1, so it executes the
+textbook algorithm lightrail generates; a case ``op:algorithm:topology:K`` sets ``preferred-dataset-splits`` K
+(default 1), which lightrail times as ``Engine.time(..., splits=K)``: K chunks of size/K one after another.
+All-to-all runs ASTRA-sim's ``all-to-all-implementation`` of the case's algorithm (``ring``: its ``Ring`` with
+``All_to_All``, lightrail's ``alltoall`` ``ring``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,11 @@ ASTRA_GB = 2**30
 TOPOLOGIES = {"ring": ("Ring", builders.ring), "switch": ("Switch", builders.switch)}
 ALGORITHMS = {"ring": "ring", "halving-doubling": "halvingDoubling", "double-binary-tree": "doubleBinaryTree",
               "direct": "direct"}
-ASTRA_OP = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter"}
+ASTRA_OP = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
+            "alltoall": "all-to-all"}
+LARGEST = {("alltoall", "ring"): 256}
+"""Most ranks a case runs at: the ring all-to-all's explicit schedule holds n^2(n-1)/2 transfers (0.5 billion at
+1,024 ranks, more than this machine holds), and ASTRA-sim sends as many messages."""
 TERMS = {"none": (1e-9, 1e18), "astra": (10e-9, 1600e9)}
 """--terms: (endpoint delay s, local memory bytes/s) given to both simulators."""
 
@@ -53,7 +61,7 @@ _FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles")
 
 
 def astra_inputs(folder: Path, *, op: str, algo: str, ranks: int, size: float, topology: str, bandwidth: float,
-                 latency: float, endpoint_delay: float, local_mem_bw: float) -> list[str]:
+                 latency: float, endpoint_delay: float, local_mem_bw: float, splits: int = 1) -> list[str]:
     """Write ASTRA-sim's four inputs for one collective; returns its command-line flags."""
     folder.mkdir(parents=True, exist_ok=True)
     # ASTRA-sim's all-gather comm_size is each rank's contribution (it moves (n-1) x comm_size per rank);
@@ -67,9 +75,10 @@ def astra_inputs(folder: Path, *, op: str, algo: str, ranks: int, size: float, t
         f"bandwidth: [ {bandwidth / ASTRA_GB!r} ]\nlatency: [ {latency * 1e9!r} ]\n")
     impl = ALGORITHMS[algo]
     system = {"scheduling-policy": "LIFO", "endpoint-delay": round(endpoint_delay * 1e9),
-              "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1,
+              "active-chunks-per-dimension": 1, "preferred-dataset-splits": splits,
               "all-reduce-implementation": [impl], "all-gather-implementation": [impl],
-              "reduce-scatter-implementation": [impl], "all-to-all-implementation": ["direct"],
+              "reduce-scatter-implementation": [impl],
+              "all-to-all-implementation": [impl if op == "alltoall" else "direct"],
               "collective-optimization": "baseline", "local-mem-bw": local_mem_bw / 1e9, "boost-mode": 0,
               "roofline-enabled": 0}
     (folder / "system.json").write_text(json.dumps(system))
@@ -82,7 +91,8 @@ def astra_inputs(folder: Path, *, op: str, algo: str, ranks: int, size: float, t
 def run_astra(binary: str, flags: list[str], ranks: int) -> tuple[float, float]:
     """(simulated seconds: the last rank to finish, wall seconds) of one ASTRA-sim run."""
     start = time.perf_counter()
-    proc = subprocess.run([binary, *flags], capture_output=True, text=True, timeout=3600)
+    workdir = Path(flags[0].split("=", 1)[1]).parent  # its log/ folder goes beside the inputs, not into the cwd
+    proc = subprocess.run([binary, *flags], capture_output=True, text=True, timeout=3600, cwd=workdir)
     wall = time.perf_counter() - start
     ends = {int(r): int(c) for r, c in _FINISHED.findall(proc.stdout + proc.stderr)}
     if proc.returncode != 0 or len(ends) != ranks:
@@ -92,12 +102,12 @@ def run_astra(binary: str, flags: list[str], ranks: int) -> tuple[float, float]:
 
 
 def run_lightrail(*, op: str, algo: str, ranks: int, size: float, topology: str, bandwidth: float, latency: float,
-                  endpoint_delay: float, local_mem_bw: float) -> tuple[float, float]:
+                  endpoint_delay: float, local_mem_bw: float, splits: int = 1) -> tuple[float, float]:
     """(simulated seconds, wall seconds in this process: generate + route + time)."""
     start = time.perf_counter()
     topo = TOPOLOGIES[topology][1](ranks, bandwidth=bandwidth, latency=latency)
     engine = Engine(topo, endpoint_delay=endpoint_delay, local_mem_bw=local_mem_bw)
-    t = engine.time(generate(op, algo, ranks), size).time_s
+    t = engine.time(generate(op, algo, ranks), size, splits=splits).time_s
     return t, time.perf_counter() - start
 
 
@@ -110,8 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--latency", default="500ns")
     p.add_argument("--terms", choices=sorted(TERMS), default="none")
     p.add_argument("--cases", default="allreduce:ring:ring,allreduce:ring:switch,allreduce:halving-doubling:switch,"
-                   "allreduce:double-binary-tree:switch,allgather:ring:ring,reducescatter:ring:ring",
-                   help="op:algorithm:topology,...")
+                   "allreduce:double-binary-tree:switch,allgather:ring:ring,reducescatter:ring:ring,"
+                   "alltoall:ring:ring,allreduce:ring:ring:4,allreduce:halving-doubling:switch:4",
+                   help="op:algorithm:topology[:splits],...")
     args = p.parse_args(argv)
     size, bandwidth = parse_size(args.size, field="--size"), float(args.bandwidth)
     latency = parse_time(args.latency, field="--latency")
@@ -119,15 +130,19 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs-astra-") as tmp:
         for case in args.cases.split(","):
-            op, algo, topology = case.split(":")
+            op, algo, topology, *rest = case.split(":")
+            splits = int(rest[0]) if rest else 1
             for ranks in (int(r) for r in args.ranks.split(",")):
+                if ranks > LARGEST.get((op, algo), ranks):
+                    continue
                 common = dict(op=op, algo=algo, ranks=ranks, size=size, topology=topology, bandwidth=bandwidth,
-                              latency=latency, endpoint_delay=endpoint_delay, local_mem_bw=local_mem_bw)
+                              latency=latency, endpoint_delay=endpoint_delay, local_mem_bw=local_mem_bw,
+                              splits=splits)
                 row = {"op": op, "algorithm": algo, "topology": topology, "ranks": ranks, "size": size,
-                       "terms": args.terms}
+                       "splits": splits, "terms": args.terms}
                 row["lightrail_s"], row["lightrail_wall_s"] = run_lightrail(**common)
                 if args.astra_sim:
-                    flags = astra_inputs(Path(tmp) / f"{op}-{algo}-{topology}-{ranks}", **common)
+                    flags = astra_inputs(Path(tmp) / f"{op}-{algo}-{topology}-{ranks}-{splits}", **common)
                     try:
                         row["astra_sim_s"], row["astra_sim_wall_s"] = run_astra(args.astra_sim, flags, ranks)
                         row["relative_difference"] = row["lightrail_s"] / row["astra_sim_s"] - 1
