@@ -426,6 +426,10 @@ def nccl_communicator(ranks: int, gpus_per_server: int, *, gpu: str | None = Non
         nvlink_Bps, nic_Bps = nvlink_Bps or NVLINK_BANDWIDTH, nic_Bps or NIC_BANDWIDTH
     nvlink_Bps = nvlink_Bps or spec.nvlink_bandwidth
     nic_Bps = nic_Bps or spec.nic_bandwidth
+    for flag, rate in (("--nvlink-bandwidth", nvlink_Bps), ("--rail-bandwidth", nic_Bps)):
+        if not 1e6 <= rate <= 1e15:
+            raise ScenarioError(f"{rate:g} B/s is not a link's rate", field=flag,
+                                fix="give a rate between 1 MB/s and 1 PB/s, e.g. 400Gbps or 450GBps")
     arch = arch or "hopper"
     if gpus_per_server < 1:
         raise ScenarioError(f"{gpus_per_server} GPUs per server", field="--gpus-per-server", fix="use 1 or more")
