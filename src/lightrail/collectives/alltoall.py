@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightrail.collectives.collective import Kind
+from lightrail.collectives.collective import Collective, Kind
 from lightrail.collectives.registry import register
 from lightrail.collectives.schedule import Combine, Schedule, ScheduleBuilder
 
@@ -55,11 +55,15 @@ def ring_alltoall(n: int) -> Schedule:
     ``direct`` implementation is the ``AllToAll`` class instead. ASTRA-sim counts messages and tracks no
     data; this schedule says which block each message carries, so the verifier can prove it.
     """
-    b = ScheduleBuilder(Kind.ALLTOALL, n, n * n)
     a, d = _ring_hops(n)
+    steps = len(a)
     r = np.arange(n, dtype=np.int32)
     window = np.lib.stride_tricks.sliding_window_view(np.tile(r, 2), n)  # row i: i, i+1, ..., i+n-1 (mod n)
-    origin, dest = window[-a % n], window[(d - a) % n]  # of the block rank r forwards: ranks r - a and r - a + d
-    chunk = origin * np.int32(n) + dest
-    b.add(np.arange(len(a), dtype=np.int32)[:, None], r, window[1], chunk, Combine.COPY)
-    return b.build(f"ring_alltoall(n={n})")
+    chunk = window[-a % n]  # (steps, n): the block rank r forwards comes from rank r - a ...
+    chunk *= np.int32(n)
+    chunk += window[(d - a) % n]  # ... and goes to rank r - a + d
+    # Every step is the same n transfers r -> r+1 in rank order, so the arrays are written straight into a
+    # Schedule: n^2(n-1)/2 transfers (67 million at 512 ranks) at half the ScheduleBuilder's generic cost.
+    return Schedule(f"ring_alltoall(n={n})", Collective(Kind.ALLTOALL, n, n * n), np.tile(r, steps),
+                    np.tile(window[1], steps), chunk.ravel(), np.full(steps * n, Combine.COPY, np.uint8),
+                    np.arange(steps + 1, dtype=np.int64) * n)
