@@ -147,9 +147,15 @@ class FairShare:
         if not len(flow.links):
             self._schedule(key, flow)
             return
+        alone = True
         for link in flow.links.tolist():
-            self._by_link.setdefault(link, set()).add(key)
-        self._rerate(self._component([key]), now)
+            users = self._by_link.setdefault(link, set())
+            alone = alone and not users
+            users.add(key)
+        if alone:  # its links are free: as fast as alone, and nobody else's rate changes
+            self._schedule(key, flow)
+        else:
+            self._rerate(self._component([key]), now)
 
     def finish(self, key: Hashable, now: float) -> bool:
         """Op ``key``'s current phase ends at ``now`` (when :meth:`next_finish` said): returns True if the op has
@@ -215,6 +221,10 @@ class FairShare:
         for f in flows:  # progress so far, at the old rates
             f.remaining = max(0.0, f.remaining - f.rate * (now - f.since))
             f.since = now
+        if len(flows) == 1:  # alone again
+            flows[0].rate = 1.0
+            self._schedule(keys[0], flows[0])
+            return
         sizes = [len(f.links) for f in flows]
         _, compact = np.unique(np.concatenate([f.links for f in flows]), return_inverse=True)
         rates = fair_rates(np.repeat(np.arange(len(flows)), sizes), compact,

@@ -15,9 +15,15 @@ order), which is what lets the circuit state be decided causally:
   latency, and the changed ports stay dark for the switch's delay. Then it runs for the time the
   engine gives on the state graph of its circuits (NVLink plus those circuits; electrical rails
   use the rail switches instead);
-- a receive waits for its matching send (blocking sends; FIFO per stage pair);
-- ops whose circuits are lit run at once, each timed on its own (their communicators share the
-  links; contention between different phases' ops is not charged, the same on every fabric).
+- a receive waits for its matching send (blocking sends; FIFO per stage pair): the data arrives when the
+  send's flow ends;
+- a communicator (a stage's group over the op's dimensions) runs its collectives one at a time in issue order,
+  as NCCL's stream does: gradient buckets follow one another; ops of different communicators overlap;
+- ops in flight at the same time share the links they both cross (:class:`lightrail.sharing.FairShare`:
+  max-min fair rates, recomputed when an op starts or ends). A stage's ranks load their links alike, so an op's
+  links are counted by class (the stage, the rail, NVLink or NIC, out or in) with the busiest link's time;
+  ``fabric.sharing == "none"`` times each op on its own. A reconfiguration decided while an op is in flight
+  takes its ports to be free when the op would end alone (an op runs no faster than alone).
 
 Control-plane timing (``fabric.params.RailFabric.check_in_rtt``, ``command_latency``): a check-in is a round trip;
 a request or release reaches the controller after half of it; the controller decides (on demand:
@@ -31,6 +37,8 @@ previous iteration left them in (steady state), not empty.
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from math import prod
 
@@ -41,6 +49,8 @@ from lightrail.control.plan import Mode, Plan
 from lightrail.fabric.builders import photonic_rails, rails
 from lightrail.fabric.circuits import CircuitState
 from lightrail.fabric.params import RailFabric
+from lightrail.fabric.topology import NodeKind
+from lightrail.sharing import FairShare, OpCost
 from lightrail.timing import Engine
 from lightrail.workload.program import CollectiveOp, CommOp, ComputeOp, Program, RecvOp, SendOp
 
@@ -92,10 +102,14 @@ class IterationResult:
 
 
 class OpDurations:
-    """Seconds each op part takes on the fabric, from the engine; cached by op shape.
+    """Seconds each op part takes on the fabric alone, and the links it keeps busy, from the engine; cached by
+    op shape.
 
     Independent of the switch's delay and the controller's latency, so runs that differ only in those
     (a delay sweep, the overhead breakdown) can share one."""
+
+    CLASSES = 4
+    """Link classes per (stage, rail): NVLink out, NVLink in, NIC out, NIC in."""
 
     def __init__(self, program: Program, fabric: RailFabric):
         self.layout = program.job.layout
@@ -104,6 +118,20 @@ class OpDurations:
 
     def seconds(self, op: CommOp, part: int, req: Requirement) -> float:
         """Seconds of part ``part`` (whose transfers and circuits are ``req``) of one ``op``."""
+        return self._entry(op, part, req)[0]
+
+    def cost(self, op: CommOp, part: int, req: Requirement, stage: int, count: int = 1) -> OpCost:
+        """:meth:`seconds` of ``count`` back-to-back ``op`` parts run by ``stage``, with the link classes they keep
+        busy (ids ``((stage * rails + rail) * 4 + class)``) for :class:`FairShare`."""
+        entry = self._entry(op, part, req)
+        costs = entry[-1]
+        if (stage, count) not in costs:
+            seconds, wire, offset, rail, cls, busy = entry[:-1]
+            ids = ((stage + offset) * self.layout.gpus_per_server + rail) * self.CLASSES + cls
+            costs[stage, count] = OpCost(seconds * count, ids, busy * count, bandwidth_s=wire * count)
+        return costs[stage, count]
+
+    def _entry(self, op: CommOp, part: int, req: Requirement) -> tuple:
         match op:
             case CollectiveOp(kind=kind, algorithm=algorithm, nbytes=nbytes):
                 shape = ("collective", op.group_dims, kind, algorithm, nbytes, part)
@@ -117,12 +145,15 @@ class OpDurations:
             self._cache[shape] = self._time(req, per_transfer)
         return self._cache[shape]
 
-    def _time(self, req: Requirement, per_transfer: float) -> float:
+    def _time(self, req: Requirement, per_transfer: float) -> tuple:
+        """(seconds, seconds moving bytes, per link class its stage offset, rail, class and busy seconds, and a
+        cache of the OpCost per stage)."""
         lay, fab = self.layout, self.fabric
         g = lay.gpus_per_server
+        none = np.zeros(0, np.int64)
         ranks = np.concatenate([np.concatenate(pair) for pair in req.steps]) if req.steps else np.zeros(0, int)
         if not len(ranks):
-            return 0.0
+            return 0.0, 0.0, none, none, none, np.zeros(0), {}
         servers = np.unique(lay.server(ranks))
         local = (lambda r: np.searchsorted(servers, lay.server(r)) * g + lay.rail(r))  # noqa: E731
         if fab.circuits:
@@ -134,7 +165,35 @@ class OpDurations:
             topo = rails(len(servers) * g, gpus_per_server=g, nic_bandwidth=fab.nic_bandwidth,
                          nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency, routing=fab.routing)
         engine = Engine(topo, alpha=fab.alpha)
-        return sum(engine.transfer_time(local(src), local(dst), per_transfer) for src, dst in req.steps)
+        seconds = wire = 0.0
+        links, busy = [], []
+        for src, dst in req.steps:
+            model = engine.step_model(local(src), local(dst), np.full(len(src), float(per_transfer)))
+            seconds += model.time(1.0, engine.alpha)
+            wire += engine.wire([model], 1.0)
+            used, sec = engine.busy([model], 1.0)
+            links.append(used)
+            busy.append(sec)
+        link, sec = np.concatenate(links), np.concatenate(busy)
+        # a link is charged to the GPU at each of its ends: out of its source, into its destination
+        gpu_ends = []
+        for node, other, out in ((topo.src[link], topo.dst[link], 0), (topo.dst[link], topo.src[link], 1)):
+            at = node < topo.num_endpoints
+            nic = topo.node_kind[other[at]] != NodeKind.NVSWITCH
+            gpu_ends.append((node[at], 2 * nic + out, sec[at]))
+        gpu = np.concatenate([e[0] for e in gpu_ends])
+        cls = np.concatenate([e[1] for e in gpu_ends]).astype(np.int64)
+        sec = np.concatenate([e[2] for e in gpu_ends])
+        stage_size = max(lay.world // lay.pp, 1)
+        stage = (servers[gpu // g] * g + gpu % g) // stage_size
+        offset = stage - int(np.min(req.steps[0][0])) // stage_size  # from the stage whose op this is
+        code = ((offset - offset.min()) * g + gpu % g) * self.CLASSES + cls
+        uniq, inv = np.unique(code, return_inverse=True)
+        most = np.zeros(len(uniq))
+        np.maximum.at(most, inv, sec)  # the stage's ranks load their links alike: the busiest stands for all
+        first = np.zeros(len(uniq), np.int64)
+        first[inv] = np.arange(len(inv))
+        return (seconds, wire, offset[first], (gpu % g)[first], cls[first], most, {})  # {}: OpCost per stage
 
 
 class _Rails:
@@ -272,11 +331,13 @@ class _Iteration:
     def __init__(self, start: float, stages: int, *, record: bool, reconfig_mark: int):
         self.start = start
         self.end = start
-        self.queue: list[tuple[float, int, int]] = []  # (time, insertion counter, stage)
+        self.queue: list[tuple[float, int, int | Generator]] = []  # (time, insertion counter, stage or op)
         self.counter = 0
         self.next_op = [0] * stages
         self.sent: dict[tuple[int, int], list[float]] = {}  # (from, to) stage -> arrival of each send, FIFO
-        self.waiting: dict[tuple[int, int], int] = {}  # (from, to) -> the stage blocked in its receive
+        self.waiting: dict[tuple[int, int], tuple[int, float]] = {}  # (from, to) -> (stage blocked, since when)
+        self.streams: dict[tuple, deque] = {}
+        """Per communicator (stage, group dimensions): its ops in issue order, the first one running."""
         self.finish = [start] * stages
         self.async_end = start
         self.totals = [_StageTotals() for _ in range(stages)]
@@ -286,7 +347,8 @@ class _Iteration:
         for stage in range(stages):
             self.push(start, stage)
 
-    def push(self, time: float, stage: int) -> None:
+    def push(self, time: float, stage: int | Generator) -> None:
+        """Run ``stage``'s next op, or resume an op in flight, at ``time``."""
         heapq.heappush(self.queue, (time, self.counter, stage))
         self.counter += 1
 
@@ -309,6 +371,8 @@ class _Simulation:
         """Where the next iteration starts: the end of the last one."""
         self.prior = [self.clock] * self.layout.pp
         """Per stage, the end of its last op on the rails (when a provisioned controller learns the next phase)."""
+        self.share = FairShare(fair=fabric.sharing == "fair")
+        """The ops in flight and their shares of the links."""
 
     def _check_in(self, s: int, req: Requirement) -> bool:
         """Does this op (part) ask the controller first? Opus: every op on the rails; leases: only when
@@ -318,29 +382,71 @@ class _Simulation:
         return not (self.planner.params.leases and self.rails.has_lease(s, req))
 
     def run_iteration(self, *, record: bool) -> _Iteration:
-        """Run the program once from ``clock``; ``record`` keeps the trace events."""
+        """Run the program once from ``clock``; ``record`` keeps the trace events.
+
+        Stages step through their op lists; a communication op is a process (a generator, as SimPy's) that
+        yields ``("at", time)`` to wait and ``("flow", cost)`` to move its bytes on shared links; it resumes when
+        the sharing says the flow has ended."""
         it = _Iteration(self.clock, self.layout.pp, record=record, reconfig_mark=len(self.rails.reconfigs))
-        while it.queue:
-            t, _, s = heapq.heappop(it.queue)
-            ops = self.program.stages[s]
-            if it.next_op[s] >= len(ops):
-                it.finish[s] = t
+        share = self.share
+        while it.queue or len(share):
+            flow = share.next_finish()
+            if flow is not None and (not it.queue or flow[0] <= it.queue[0][0]):
+                if share.finish(flow[1], flow[0]):  # else its bytes have moved and its latency runs on
+                    self._resume(it, flow[1], flow[0])
                 continue
-            match ops[it.next_op[s]]:
-                case ComputeOp() as op:
-                    it.event(f"stage {s}", op.label, "compute", t, op.seconds)
-                    it.totals[s].compute += op.seconds
-                    it.next_op[s] += 1
-                    it.push(t + op.seconds, s)
-                case RecvOp() as op:
-                    self._receive(it, s, op, t)
-                case CollectiveOp() | SendOp() as op:
-                    self._communicate(it, s, op, t)
-                case op:
-                    raise TypeError(f"{op!r} is not a program op")
+            t, _, who = heapq.heappop(it.queue)
+            if isinstance(who, int):
+                self._step(it, who, t)
+            else:
+                self._resume(it, who, t)
         it.end = max(max(it.finish), it.async_end, float(np.max(self.rails.state.tx_busy, initial=it.start)))
         self.clock = it.end
         return it
+
+    def _step(self, it: _Iteration, s: int, t: float) -> None:
+        """Stage ``s`` runs its next op at ``t``."""
+        ops = self.program.stages[s]
+        if it.next_op[s] >= len(ops):
+            it.finish[s] = t
+            return
+        match ops[it.next_op[s]]:
+            case ComputeOp() as op:
+                it.event(f"stage {s}", op.label, "compute", t, op.seconds)
+                it.totals[s].compute += op.seconds
+                it.next_op[s] += 1
+                it.push(t + op.seconds, s)
+            case RecvOp() as op:
+                self._receive(it, s, op, t)
+            case CollectiveOp() | SendOp() as op:
+                it.next_op[s] += 1
+                if op.asynchronous:
+                    it.push(t, s)  # the stage goes on; the op runs on its communicator's stream
+                stream = it.streams.setdefault((s, type(op).__name__, op.group_dims), deque())
+                proc = self._communicate(it, s, op, t)
+                next(proc)  # to its first wait: for the stream
+                stream.append(proc)
+                if len(stream) == 1:
+                    self._resume(it, stream[0], t)
+            case op:
+                raise TypeError(f"{op!r} is not a program op")
+
+    def _resume(self, it: _Iteration, proc: Generator, t: float) -> None:
+        """Run an op's process from ``t`` to its next wait; when it ends, its stream's next op starts."""
+        try:
+            what, arg = proc.send(t)
+        except StopIteration:
+            for stream in it.streams.values():
+                if stream and stream[0] is proc:
+                    stream.popleft()
+                    if stream:
+                        self._resume(it, stream[0], t)
+                    break
+            return
+        if what == "at":
+            it.push(arg, proc)
+        else:
+            self.share.start(proc, arg, t)
 
     def _receive(self, it: _Iteration, s: int, op: RecvOp, t: float) -> None:
         key = (s + op.offset, s)
@@ -351,24 +457,39 @@ class _Simulation:
             it.next_op[s] += 1
             it.push(max(t, ready), s)
         else:
-            it.waiting[key] = s  # woken by the matching send
+            it.waiting[key] = (s, t)  # woken by the matching send's arrival
 
-    def _communicate(self, it: _Iteration, s: int, op: CommOp, t: float) -> None:
+    def _deliver(self, it: _Iteration, key: tuple[int, int], when: float) -> None:
+        """A send's data arrives at ``when``: its receiver, if already waiting, goes on."""
+        if key not in it.waiting:
+            it.sent.setdefault(key, []).append(when)
+            return
+        s, since = it.waiting.pop(key)
+        op = self.program.stages[s][it.next_op[s]]
+        it.event(f"stage {s}", f"wait {op.label}", "bubble", since, when - since)
+        it.next_op[s] += 1
+        it.push(when, s)
+
+    def _communicate(self, it: _Iteration, s: int, op: CommOp, issued: float) -> Generator:
         """A collective or send, possibly in several circuit parts; ``count`` back-to-back collectives
-        each check in under Opus's per-op rule."""
-        track = f"stage {s}"
+        each check in under Opus's per-op rule. A process: starts when its stream is free.
+
+        The controller plans an op's parts when the op starts (the check-ins and switches of its sequence of
+        circuit configurations, each part taken to last as long as alone); then the parts move their bytes in
+        turn on the shared links, each no sooner than planned and than the previous part has ended."""
+        start = yield
+        track = f"stage {s}" if not op.asynchronous else f"stage {s} async {'+'.join(op.group_dims)}"
         totals = it.totals[s]
         leases = self.planner.params.leases
         provisioned = self.planner.params.mode is Mode.PROVISIONED
         rtt, command = self.fabric.rtt, self.fabric.command
         reqs = self.planner.requirements(op, s)
-        repeat = op.count if len(reqs) > 1 or (not leases and any(r.ncircuits for r in reqs)) else 1
-        now = t
+        on_rails = any(r.ncircuits for r in reqs)  # ops that stay inside servers (tp) do not end a rail phase
+        repeat = op.count if len(reqs) > 1 or (not leases and on_rails) else 1
+        planned, now = [], start
         for _ in range(repeat):
             for part, req in enumerate(reqs):
-                seconds = self.durations.seconds(op, part, req)
-                if repeat == 1:
-                    seconds *= op.count
+                cost = self.durations.cost(op, part, req, s, op.count if repeat == 1 else 1)
                 ready = now
                 if self._check_in(s, req):
                     totals.round_trips += 1
@@ -386,25 +507,28 @@ class _Simulation:
                                  ready - now - control)
                         totals.control += control
                         totals.reconfiguration += ready - now - control
-                self.rails.occupy(req, ready + seconds)
-                it.event(track if not op.asynchronous else f"stage {s} async", op.label, op.dim.value, ready, seconds)
-                now = ready + seconds
+                self.rails.occupy(req, ready + cost.seconds)  # no sooner than alone; the end is known when it comes
+                planned.append((req, cost, ready))
+                now = ready + cost.seconds
+        if on_rails:  # what a provisioned controller learns next (updated when the op really ends)
+            self.prior[s] = max(self.prior[s], now)
+        now = start
+        for req, cost, ready in planned:
+            if ready > now:
+                now = yield "at", ready
+            end = yield "flow", cost
+            self.rails.occupy(req, end)
+            it.event(track, op.label, op.dim.value, now, end - now)
+            now = end
         if op.asynchronous:
             it.async_end = max(it.async_end, now)
-            end = t
         else:
-            totals.communication += now - t
-            end = now
-        match op:
-            case SendOp(offset=offset):
-                key = (s, s + offset)
-                it.sent.setdefault(key, []).append(now)
-                if key in it.waiting:
-                    it.push(t, it.waiting.pop(key))  # re-run its receive, which now finds the send
-        it.next_op[s] += 1
-        if any(req.ncircuits for req in reqs):  # ops that stay inside servers (tp) do not end a rail phase
+            totals.communication += now - issued
+            it.push(now, s)
+        if isinstance(op, SendOp):
+            self._deliver(it, (s, s + op.offset), now)
+        if on_rails:
             self.prior[s] = max(self.prior[s], now)
-        it.push(end, s)
 
     def result(self, it: _Iteration) -> IterationResult:
         total = it.end - it.start
