@@ -93,6 +93,10 @@ class ClusterSection(_Strict):
 class EngineSection(_Strict):
     sharing: Literal["fair", "none"] = Field(RailFabric.sharing, description="Ops in flight at once share links at "
                                              "max-min fair rates (fair), or each runs as if alone (none).")
+    collectives: Literal["nccl", "schedules"] = Field(
+        RailFabric.collectives, description="nccl: a collective runs as NCCL runs it (the algorithm and protocol "
+        "NCCL's tuner picks per size, its latencies and protocol efficiencies); schedules: lightrail's step engine "
+        "times the registry's schedule (textbook alpha-beta per step, as ASTRA-sim).")
     endpoint_delay: str | int | float = Field("0s", description="Time each step's data waits at its endpoints, "
                                               "charged once per step and once more per collective (ASTRA-sim's "
                                               "endpoint-delay, e.g. 10ns); a time with a unit, 0 for none. Trace "
@@ -215,7 +219,7 @@ class Scenario(_Strict):
                             alpha=parse_time(c.alpha, field="cluster.alpha"), routing=c.routing,
                             check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
                             command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"),
-                            sharing=self.engine.sharing)
+                            sharing=self.engine.sharing, collectives=self.engine.collectives)
         knobs = self.ocs.model_dump(exclude={"reconfig_delay", "check_in_rtt", "command_latency"})
         params = OpusParams(**knobs)
         known = {f.name for f in fields(CostFacts)}

@@ -81,6 +81,10 @@ class RailFabric:
     sharing: Literal["fair", "none"] = "fair"
     """Ops in flight at once share the links they both cross at max-min fair rates (``fair``, as flow-level
     simulators do: :mod:`lightrail.sharing`), or each runs as if alone (``none``: what lightrail did before flow-level sharing)."""
+    collectives: Literal["nccl", "schedules"] = "nccl"
+    """How a collective whose algorithm is ``auto`` is timed on rails: as NCCL runs it (``nccl``: the algorithm and
+    protocol NCCL's tuner picks per size, with its latencies and protocol efficiencies, :mod:`lightrail.nccl_cost`)
+    or as the step engine times the registry's schedule (``schedules``: textbook alpha-beta per step)."""
 
     def __post_init__(self):
         try:
@@ -97,6 +101,9 @@ class RailFabric:
             raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
         if self.sharing not in ("fair", "none"):
             raise ScenarioError(f"unknown sharing {self.sharing!r}", field="engine.sharing", fix="use fair or none")
+        if self.collectives not in ("nccl", "schedules"):
+            raise ScenarioError(f"unknown collectives {self.collectives!r}", field="engine.collectives",
+                                fix="use nccl or schedules")
 
     @property
     def delay(self) -> float:
