@@ -14,7 +14,7 @@ from lightrail.sharing import FairShare, OpCost, fair_rates
 
 
 def rates(rows, nflows):
-    flow, link, use = (np.array(c, dtype=float if k == 2 else np.int64) for k, c in enumerate(zip(*rows)))
+    flow, link, use = (np.array(c, dtype=float if k == 2 else np.int64) for k, c in enumerate(zip(*rows, strict=True)))
     return fair_rates(flow, link, use, nflows)
 
 
@@ -174,3 +174,19 @@ def test_sharing_none_keeps_the_old_answer(tmp_path):
                                   {"0": list(range(8))}))
     alone = simulate(trace_scenario(tmp_path / "none", per_rank, groups, sharing="none"))
     assert alone == pytest.approx(one, rel=1e-12)  # two communicators, each timed as if alone
+
+
+def test_the_replays_trace_draws_overlapping_collectives_on_tracks_of_their_own(tmp_path):
+    from lightrail.report.replay import chrome_trace_of_replay
+    from lightrail.scenario import load_scenario
+    from lightrail.sim.trace import misdrawn
+    from lightrail.studies.replay import simulate_trace
+
+    path = trace_scenario(tmp_path, [[allreduce(1, 256 * MiB, "0"), allreduce(2, 256 * MiB, "1")] for _ in range(8)],
+                          {"0": list(range(8)), "1": list(range(8))})
+    scenario, base = load_scenario(path)
+    run = simulate_trace(scenario.build(base))
+    trace = chrome_trace_of_replay(run)
+    assert misdrawn(trace) == []
+    comm = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "allreduce"}
+    assert len(comm) == 16  # two overlapping collectives on each of 8 ranks: two threads per rank

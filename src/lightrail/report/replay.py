@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightrail.report.files import write_json
+from lightrail.sim.trace import lanes
 from lightrail.studies.replay import TIMELINE_RANKS, TraceRun
 from lightrail.units import format_time
 
@@ -12,14 +13,26 @@ __all__ = ["chrome_trace_of_replay", "write_replay", "print_replay"]
 
 
 def chrome_trace_of_replay(run: TraceRun) -> dict:
-    """The replay as Chrome trace events (Perfetto): one thread per rank, compute and communication lanes."""
+    """The replay as Chrome trace events (Perfetto): per rank, its compute stream on thread ``rank`` and its
+    communication on threads of their own, one more wherever ops overlap (:func:`lightrail.sim.trace.lanes`)."""
+    shown = min(run.ranks, TIMELINE_RANKS)
     out: list[dict] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "ranks"}}]
-    for r in range(min(run.ranks, TIMELINE_RANKS)):
-        out.append({"ph": "M", "pid": 1, "tid": r, "name": "thread_name", "args": {"name": f"rank {r}"}})
-    for e in run.result.events:
-        rank = int(e.track.split()[1])
-        out.append({"ph": "X", "pid": 1, "tid": rank, "name": e.name, "cat": e.category, "ts": e.start * 1e6,
-                    "dur": e.duration * 1e6, "args": {"stream": "comm" if e.track.endswith("comm") else "compute"}})
+    events = run.result.events
+    lane = lanes(events)
+    tid: dict[tuple[str, int], int] = {(f"rank {r}", 0): r for r in range(shown)}
+    for e, k in sorted(zip(events, lane, strict=True), key=lambda ek: (ek[0].track, ek[1])):
+        tid.setdefault((e.track, k), len(tid))  # after the ranks: 0 .. shown - 1 are their compute streams
+    for (track, k), t in sorted(tid.items(), key=lambda kv: kv[1]):
+        rank = int(track.split()[1])
+        stream = track[len(f"rank {rank}"):].strip()
+        name = f"rank {rank}" + (f" {stream}" if stream else "") + (f" #{k + 1}" if k else "")
+        out.append({"ph": "M", "pid": 1, "tid": t, "name": "thread_name", "args": {"name": name}})
+        out.append({"ph": "M", "pid": 1, "tid": t, "name": "thread_sort_index",
+                    "args": {"sort_index": rank * 1000 + (500 if stream else 0) + k}})
+    for e, k in zip(events, lane, strict=True):
+        out.append({"ph": "X", "pid": 1, "tid": tid[e.track, k], "name": e.name, "cat": e.category,
+                    "ts": e.start * 1e6, "dur": e.duration * 1e6,
+                    "args": {"stream": "comm" if e.track.endswith("comm") else "compute"}})
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "metadata": {"source": run.source, "iteration_time_s": run.result.iteration_time_s,
                          "ranks_shown": "all" if run.ranks <= TIMELINE_RANKS else f"the first {TIMELINE_RANKS}"}}
