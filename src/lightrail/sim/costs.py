@@ -6,6 +6,11 @@
 electrical rails by default (a rail-optimized cluster of the scenario's NIC and NVLink rates) or any topology
 :func:`lightrail.fabric.builders.build_topology` builds (ring, switch, torus, fat tree), with the link rate
 the scenario gives; ASTRA-sim's microbenchmarks run on its ring and switch this way.
+
+On rails (no ``topology``) with ``fabric.collectives == "nccl"`` (the default) a collective runs as NCCL runs it
+(:func:`lightrail.nccl_cost.nccl_op_cost`): NCCL's algorithm, protocol and time at its size, on the links the
+engine charges the matching lightrail schedule. On the other topologies (ring, switch, torus, fat tree: ASTRA-sim's
+world, where no NCCL runs) and with ``collectives: schedules`` the engine times the registry's schedule.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from lightrail.fabric.params import RailFabric
 from lightrail.fabric.topology import Topology
 from lightrail.sharing import OpCost
 from lightrail.workload.chakra import TraceNode
+from lightrail.workload.hardware import GPU, GPUS
 
 __all__ = ["EngineTerms", "FabricCost", "RailsCost"]
 
@@ -47,6 +53,8 @@ class FabricCost:
     topology : the network (its first ``world`` nodes the GPUs); default: electrical rails built from ``fabric``
         on first use (a one-rank trace has no network).
     terms : the engine's endpoint delay and local-memory terms (default: off).
+    gpu : the GPU, for NCCL's model on rails (its class, and whether its NVSwitch runs NVLS); default: the preset
+        whose NVLink rate is the fabric's (H100 at 450 GB/s, A100 at 300, B200 at 900), else a Hopper without NVLS.
 
     Examples
     --------
@@ -62,13 +70,27 @@ class FabricCost:
     """
 
     def __init__(self, world: int, fabric: RailFabric, gpus_per_server: int | None = None, *,
-                 topology: Topology | None = None, terms: EngineTerms | None = None):
+                 topology: Topology | None = None, terms: EngineTerms | None = None, gpu: GPU | None = None):
         self.world, self.fabric = world, fabric
         self.gpus_per_server = gpus_per_server
         self.topology = topology
         self.terms = EngineTerms() if terms is None else terms
+        self.gpu = gpu
         self._engine_obj = None
         self._cache: dict = {}
+        self.choices: dict[tuple, tuple[str, str]] = {}
+        """NCCL's (algorithm, protocol) per priced collective, keyed by (kind, group, bytes)."""
+
+    @property
+    def nccl(self) -> bool:
+        """Collectives run as NCCL runs them: on rails (no ``topology``) with ``fabric.collectives == "nccl"``."""
+        return self.topology is None and self.fabric.collectives == "nccl"
+
+    @property
+    def _gpus_per_server(self) -> int:
+        from lightrail.fabric.builders import GPUS_PER_SERVER
+
+        return GPUS_PER_SERVER if self.gpus_per_server is None else self.gpus_per_server
 
     @property
     def _engine(self):
@@ -78,10 +100,10 @@ class FabricCost:
 
             topology = self.topology
             if topology is None:
-                from lightrail.fabric.builders import GPUS_PER_SERVER, rails
+                from lightrail.fabric.builders import rails
 
                 f = self.fabric
-                g = GPUS_PER_SERVER if self.gpus_per_server is None else self.gpus_per_server
+                g = self._gpus_per_server
                 topology = rails(self.world, gpus_per_server=g, nic_bandwidth=f.nic_bandwidth,
                                  nvlink_bandwidth=f.nvlink_bandwidth, latency=f.latency, routing=f.routing)
             self._engine_obj = Engine(topology, alpha=self.fabric.alpha, endpoint_delay=self.terms.endpoint_delay,
@@ -89,19 +111,50 @@ class FabricCost:
         return self._engine_obj
 
     def collective(self, node: TraceNode, ranks: tuple[int, ...]) -> OpCost:
-        """The registry's ``auto`` schedule of the node's kind on its group: each step's transfers mapped onto
-        the group's GPUs, then timed and charged to links as :meth:`Engine.op_cost` does (endpoint delay and
-        local-memory terms included). A one-rank group costs nothing."""
+        """The node's collective on its group. On rails with ``collectives: nccl``: as NCCL runs it
+        (:func:`lightrail.nccl_cost.nccl_op_cost`; a trace names no algorithm, so NCCL's tuner picks, and
+        :attr:`choices` records its pick), on the links of the matching schedule. Otherwise the registry's
+        ``auto`` schedule of the node's kind: each step's transfers mapped onto the group's GPUs, then timed and
+        charged to links as :meth:`Engine.op_cost` does (endpoint delay and local-memory terms included). A
+        one-rank group costs nothing."""
         key = ("c", node.kind, ranks, node.nbytes)
         if key not in self._cache:
-            self._cache[key] = self._collective(node, ranks) if len(ranks) > 1 else OpCost(0.0)
+            if len(ranks) < 2:
+                self._cache[key] = OpCost(0.0)
+            elif self.nccl:
+                self._cache[key] = self._nccl(node, ranks, key)
+            else:
+                self._cache[key] = self._collective(node, ranks)
         return self._cache[key]
 
-    def _collective(self, node: TraceNode, ranks: tuple[int, ...]) -> OpCost:
-        from lightrail.collectives.registry import AUTO, generate
+    def choice(self, node: TraceNode, ranks: tuple[int, ...]) -> tuple[str, str] | None:
+        """NCCL's (algorithm, protocol) for the node on its group (None when the engine's schedule prices it)."""
+        self.collective(node, ranks)
+        return self.choices.get(("c", node.kind, ranks, node.nbytes))
+
+    def _nccl(self, node: TraceNode, ranks: tuple[int, ...], key: tuple) -> OpCost:
+        from lightrail.nccl_cost import communicator, nccl_op_cost
+
+        gpu = self.gpu if self.gpu is not None else _gpu_of(self.fabric)
+        comm = communicator(ranks, self._gpus_per_server, self.fabric, nvls=gpu.nvls, arch=gpu.arch)
+        cost, choice = nccl_op_cost(node.kind, node.nbytes, comm,
+                                    alone=lambda name: self._collective(node, ranks, name, comm.ppn))
+        self.choices[key] = (str(choice.algorithm[0]), str(choice.protocol[0]))
+        return cost
+
+    def _collective(self, node: TraceNode, ranks: tuple[int, ...], name: str | None = None,
+                    ppn: int | None = None) -> OpCost:
+        """The engine's cost of schedule ``name`` (a registry name; None: ``auto``) of the node's kind on its
+        group (``ppn``: the group's GPUs per server, for schedules that take ``gpus_per_server``)."""
+        from lightrail.collectives.registry import AUTO, get, resolve
         from lightrail.timing import StepModel
 
-        schedule = generate(node.kind, AUTO, len(ranks))
+        n = len(ranks)
+        algorithm = get(node.kind, name) if name is not None else None
+        if algorithm is None or not algorithm.supports(n):
+            algorithm = resolve(node.kind, AUTO, n)
+        extra = {"gpus_per_server": ppn} if ppn and "gpus_per_server" in algorithm.parameters else {}
+        schedule = algorithm(n, **extra)
         gpus, engine = np.asarray(ranks), self._engine
         empty = StepModel(np.zeros(0), np.zeros(0))
         ptr = schedule.step_ptr
@@ -118,6 +171,15 @@ class FabricCost:
         if key not in self._cache:
             self._cache[key] = self._engine.transfer_cost(np.array([src]), np.array([dst]), nbytes)
         return self._cache[key]
+
+
+def _gpu_of(fabric: RailFabric) -> GPU:
+    """The preset GPU whose NVLink rate is the fabric's, else a Hopper without NVLS."""
+    for spec in GPUS.values():
+        if spec.nvlink_bandwidth == fabric.nvlink_bandwidth:
+            return spec
+    return GPU(name="custom", peak_flops=1.0, memory_bytes=1.0, nvlink_bandwidth=fabric.nvlink_bandwidth,
+               nic_bandwidth=fabric.nic_bandwidth)
 
 
 RailsCost = FabricCost
