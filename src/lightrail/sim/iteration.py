@@ -105,6 +105,16 @@ class OpDurations:
     """Seconds each op part takes on the fabric alone, and the links it keeps busy, from the engine; cached by
     op shape.
 
+    With ``fabric.collectives == "nccl"`` (the default) a collective whose algorithm is ``auto`` runs as NCCL runs
+    it (:mod:`lightrail.nccl_cost`): its time is NCCL's for one group (the op's groups run at once, and the
+    engine's busy seconds already count them all), its links the engine's for the planner's schedule, their busy
+    seconds scaled so that the bytes move in NCCL's time. On electrical rails NCCL's tuner picks the algorithm and
+    protocol; on photonic and ideal rails the circuits are the planner's schedule (a ring for DP, CP and PP), so
+    NCCL's ring is forced (its protocol still picked), except for a group inside one server (TP), which NCCL runs
+    over NVLink as it likes (NVLS where the GPU has it). All-to-all and sends stay the engine's (NCCL runs them
+    point to point; its tuner has no entry for them); ``collectives: schedules`` and named algorithms keep the
+    engine's schedule.
+
     Independent of the switch's delay and the controller's latency, so runs that differ only in those
     (a delay sweep, the overhead breakdown) can share one."""
 
@@ -113,8 +123,10 @@ class OpDurations:
 
     def __init__(self, program: Program, fabric: RailFabric):
         self.layout = program.job.layout
+        self.gpu = program.job.gpu
         self.fabric = fabric
         self._cache: dict = {}
+        self._steps: dict = {}
 
     def seconds(self, op: CommOp, part: int, req: Requirement) -> float:
         """Seconds of part ``part`` (whose transfers and circuits are ``req``) of one ``op``."""
@@ -142,8 +154,46 @@ class OpDurations:
             case _:
                 raise TypeError(f"{op!r} is not a communication op")
         if shape not in self._cache:
-            self._cache[shape] = self._time(req, per_transfer)
+            entry = self._time(req, per_transfer)
+            if isinstance(op, CollectiveOp) and self._as_nccl(op) and entry[0] > 0:
+                entry = self._nccl(op, req, entry)
+            self._cache[shape] = entry
         return self._cache[shape]
+
+    def _as_nccl(self, op: CollectiveOp) -> bool:
+        from lightrail.collectives.registry import AUTO
+        from lightrail.nccl_cost import TUNED
+
+        return self.fabric.collectives == "nccl" and op.algorithm == AUTO and op.kind.value in TUNED
+
+    def _nccl(self, op: CollectiveOp, req: Requirement, entry: tuple) -> tuple:
+        """``entry`` (:meth:`_time`'s) with NCCL's time for one group and the busy seconds scaled to its bytes
+        time (:func:`lightrail.nccl_cost.nccl_op_cost`). A part of an op that the planner split (circuits that
+        are not one matching) gets NCCL's time in proportion to its share of the schedule's steps."""
+        from lightrail.nccl_cost import communicator, nccl_op_cost
+
+        lay, fab = self.layout, self.fabric
+        seconds, wire, offset, rail, cls, busy, _ = entry
+        group = lay.groups_over(op.group_dims)[0]
+        comm = communicator(lay.server(group) * lay.gpus_per_server + lay.rail(group), lay.gpus_per_server, fab,
+                            nvls=self.gpu.nvls, arch=self.gpu.arch)
+        forced = "ring" if fab.circuits and comm.nnodes > 1 else None  # the circuits are the planner's ring
+        alone = OpCost(seconds, np.arange(len(busy)), busy, bandwidth_s=wire)
+        cost, _ = nccl_op_cost(op.kind, op.nbytes, comm, alone=alone, algorithm=forced)
+        share = len(req.steps) / self._schedule_steps(op, len(group))
+        return (cost.seconds * share, cost.wire_s * share, offset, rail, cls, cost.busy_s * share, {})
+
+    def _schedule_steps(self, op: CollectiveOp, k: int) -> int:
+        """Steps of the registry's ``auto`` schedule of ``op`` on ``k`` ranks, as the planner lists them."""
+        key = (op.kind, k)
+        if key not in self._steps:
+            from lightrail.collectives.compressed import compressed_form, step_traffic
+            from lightrail.collectives.registry import AUTO, resolve
+
+            algorithm = resolve(op.kind, AUTO, k)
+            schedule = compressed_form(algorithm.kind, algorithm.name, k) or algorithm(k)
+            self._steps[key] = max(len(step_traffic(schedule)[0]), 1)
+        return self._steps[key]
 
     def _time(self, req: Requirement, per_transfer: float) -> tuple:
         """(seconds, seconds moving bytes, per link class its stage offset, rail, class and busy seconds, and a
