@@ -190,3 +190,42 @@ def test_the_replays_trace_draws_overlapping_collectives_on_tracks_of_their_own(
     assert misdrawn(trace) == []
     comm = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "allreduce"}
     assert len(comm) == 16  # two overlapping collectives on each of 8 ranks: two threads per rank
+
+
+# -- the iteration simulator: one communicator's ops in issue order, two communicators share ------------------
+def two_async_allreduces(same_communicator: bool, sharing: str = "fair"):
+    from lightrail.control.opus import LIGHTRAIL
+    from lightrail.fabric.params import RailFabric
+    from lightrail.scenario import parse_scenario
+    from lightrail.sim.iteration import simulate_iteration
+    from lightrail.workload.parallel import Dim
+    from lightrail.workload.program import CollectiveOp, Program
+
+    built = parse_scenario({"name": "t", "model": "debug", "cluster": {"gpus": 8, "gpus_per_server": 1, "gpu": "h100"},
+                            "parallel": {"dp": 8}, "job": {"micro_batches": 1}}).build()
+    spans = ((Dim.DP,), (Dim.DP,)) if same_communicator else ((Dim.DP,), (Dim.CP, Dim.DP))  # cp = 1: same ranks
+    ops = tuple(CollectiveOp(Dim.DP, "allreduce", 256 * MiB, f"bucket {k}", asynchronous=True, span=span,
+                             algorithm="ring") for k, span in enumerate(spans))
+    fabric = RailFabric(kind="electrical", sharing=sharing, collectives="schedules")
+    one = simulate_iteration(Program(built.job, (ops[:1],)), fabric, LIGHTRAIL).iteration_time_s
+    two = simulate_iteration(Program(built.job, (ops,)), fabric, LIGHTRAIL).iteration_time_s
+    return one, two
+
+
+def test_a_communicators_ops_run_one_after_another_in_the_iteration():
+    one, two = two_async_allreduces(same_communicator=True)
+    assert two == pytest.approx(2 * one, rel=1e-12)
+    assert two_async_allreduces(same_communicator=True, sharing="none")[1] == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_two_communicators_on_the_same_ranks_share_their_links_in_the_iteration():
+    # ring allreduce of N on p = 8 GPUs behind one rail switch: 2(p-1) steps of alpha + 2 hops, and 2(p-1)/p N/B
+    from lightrail.fabric.params import RailFabric
+
+    f = RailFabric(kind="electrical")
+    latency = 14 * (f.alpha + 2 * f.latency)
+    wire = 14 / 8 * 256 * MiB / f.nic_bandwidth
+    one, two = two_async_allreduces(same_communicator=False)
+    assert one == pytest.approx(latency + wire, rel=1e-9)
+    assert two == pytest.approx(latency + 2 * wire, rel=1e-9)  # bytes at half rate each, then each one's latency
+    assert two_async_allreduces(same_communicator=False, sharing="none")[1] == pytest.approx(one, rel=1e-12)
