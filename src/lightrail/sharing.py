@@ -67,23 +67,23 @@ def fair_rates(flow: np.ndarray, link: np.ndarray, use: np.ndarray, nflows: int)
     """
     peak = np.zeros(nflows)
     np.maximum.at(peak, flow, use)
-    coef = use / peak[flow]  # per unit of the flow's share
+    coef = np.divide(use, peak[flow], out=np.zeros(len(use)), where=peak[flow] > 0)  # per unit of its share
     share = np.zeros(nflows)
     frozen = peak <= 0
-    share[frozen] = 0.0
     nlinks = int(link.max()) + 1 if len(link) else 0
     room = np.ones(nlinks)
     level = 0.0
     while not frozen.all():
-        active = ~frozen[flow]
+        moving = ~frozen
+        active = moving[flow]
         load = np.bincount(link[active], weights=coef[active], minlength=nlinks)
         loaded = load > 0
-        step = float(np.min(peak[~frozen])) - level
+        step = peak[moving].min() - level
         if loaded.any():
-            step = min(step, float(np.min(room[loaded] / load[loaded])))
+            step = min(step, (room[loaded] / load[loaded]).min())
         level += step
         room -= step * load
-        share[~frozen] = level
+        share[moving] = level
         full = loaded & (room <= _EPS * np.maximum(1.0, load))
         frozen |= peak <= level * (1.0 + _EPS)
         frozen[flow[active & full[link]]] = True
