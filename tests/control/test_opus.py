@@ -171,6 +171,7 @@ def test_exposed_reconfigurations_in_a_serial_job_by_hand():
 
 def test_serial_job_on_electrical_rails_sums_its_ops():
     b = tiny_serial_job()
+    b = replace(b, fabric=replace(b.fabric, collectives="schedules"))  # the textbook engine's closed forms
     prog = build_program(b.job)
     r = run(b, kind="electrical")
     compute = sum(op.seconds for op in prog.stages[0] if hasattr(op, "seconds")) + \

@@ -37,7 +37,9 @@ from lightrail.timing import Engine  # noqa: E402
 from lightrail.workload.chakra import ChakraTrace, TraceNode, decode_rank, encode_rank, read_chakra  # noqa: E402
 
 B, ALPHA, HOP = 1e9, 1e-6, 0.5e-6
-FABRIC = RailFabric(kind="electrical", nic_bandwidth=B, nvlink_bandwidth=B, latency=HOP, alpha=ALPHA)
+# the textbook step engine (engine.collectives: schedules): these tests pin its closed forms
+FABRIC = RailFabric(kind="electrical", nic_bandwidth=B, nvlink_bandwidth=B, latency=HOP, alpha=ALPHA,
+                    collectives="schedules")
 MB = 1e6
 
 
