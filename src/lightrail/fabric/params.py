@@ -80,7 +80,7 @@ class RailFabric:
     """False only for the overhead breakdown's counterfactual: circuits switch even under traffic."""
     sharing: Literal["fair", "none"] = "fair"
     """Ops in flight at once share the links they both cross at max-min fair rates (``fair``, as flow-level
-    simulators do: :mod:`lightrail.sharing`), or each runs as if alone (``none``: what lightrail did before flow-level sharing)."""
+    simulators do: :mod:`lightrail.sharing`), or each runs as if alone (``none``)."""
     collectives: Literal["nccl", "schedules"] = "nccl"
     """How a collective whose algorithm is ``auto`` is timed on rails: as NCCL runs it (``nccl``: the algorithm and
     protocol NCCL's tuner picks per size, with its latencies and protocol efficiencies, :mod:`lightrail.nccl_cost`)

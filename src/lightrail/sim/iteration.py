@@ -215,16 +215,12 @@ class OpDurations:
             topo = rails(len(servers) * g, gpus_per_server=g, nic_bandwidth=fab.nic_bandwidth,
                          nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency, routing=fab.routing)
         engine = Engine(topo, alpha=fab.alpha)
-        seconds = wire = 0.0
-        links, busy = [], []
-        for src, dst in req.steps:
-            model = engine.step_model(local(src), local(dst), np.full(len(src), float(per_transfer)))
-            seconds += model.time(1.0, engine.alpha)
-            wire += engine.wire([model], 1.0)
-            used, sec = engine.busy([model], 1.0)
-            links.append(used)
-            busy.append(sec)
-        link, sec = np.concatenate(links), np.concatenate(busy)
+        # steps with the same traffic share one model (a ring's 2(n-1) steps are one): each is routed once
+        models = [engine.step_model(local(src), local(dst), np.full(len(src), float(per_transfer)))
+                  for src, dst in req.steps]
+        seconds = sum(m.time(1.0, engine.alpha) for m in models)
+        wire = engine.wire(models, 1.0)
+        link, sec = engine.busy(models, 1.0)
         # a link is charged to the GPU at each of its ends: out of its source, into its destination
         gpu_ends = []
         for node, other, out in ((topo.src[link], topo.dst[link], 0), (topo.dst[link], topo.src[link], 1)):
