@@ -99,11 +99,24 @@ def test_rails_stay_the_default_and_report_electrical(tmp_path):
     data = scenario(4, "rails")
     del data["cluster"]["topology"]
     data["cluster"]["gpus_per_server"] = 1  # one GPU per server: GPU -> rail switch -> GPU, as the switch
+    data["engine"] = {**data.get("engine", {}), "collectives": "schedules"}  # the textbook ring, as on the switch
     result = simulate(tmp_path, data)
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["fabric"] == "electrical" and out["topology"].startswith("rails(n=4")
     assert out["iteration_time_s"] == pytest.approx(ring_allreduce(4, hops=2), rel=1e-12)
+    # by default a trace's collectives on rails run as NCCL runs them: NCCL's tuner's time for the group
+    from lightrail.nccl import choose
+    from lightrail.nccl_cost import communicator
+    from lightrail.workload.hardware import gpu
+
+    del data["engine"]["collectives"]
+    out = json.loads(simulate(tmp_path, data).output)
+    c = data["cluster"]
+    h = gpu(c.get("gpu", "h200"))
+    fabric = RailFabric(nic_bandwidth=B, nvlink_bandwidth=h.nvlink_bandwidth)
+    comm = communicator(np.arange(4), 1, fabric, nvls=h.nvls, arch=h.arch)
+    assert out["iteration_time_s"] == pytest.approx(float(choose("allreduce", [N], comm).seconds[0]), rel=1e-9)
 
 
 def test_torus_and_fat_tree_take_their_arguments(tmp_path):

@@ -178,7 +178,8 @@ def test_a_scenario_names_a_trace_and_simulate_runs_it(tmp_path, monkeypatch):
     folder = write(tmp_path / "traces", [[comp(1, 10), coll(2, MB, [1])], [comp(1, 20), coll(2, MB, [1])]])
     scenario = {"name": "traced", "workload": {"chakra": "traces"},
                 "cluster": {"gpus": 2, "gpus_per_server": 1, "rail_bandwidth": "8Gbps", "nvlink_bandwidth": "1GBps",
-                            "latency": "0.5us", "alpha": "1us"}}
+                            "latency": "0.5us", "alpha": "1us"},
+                "engine": {"collectives": "schedules"}}  # the hand timeline's textbook ring
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario))
     assert folder.exists()

@@ -55,7 +55,9 @@ def simulate_trace(built: Built) -> TraceRun:
     if trace is None:
         raise ValueError("the scenario has no trace")
     c = built.scenario.cluster
-    cost = FabricCost(trace.world, built.fabric, c.gpus_per_server, topology=built.topology, terms=built.engine)
+    on_rails = built.scenario.topology_kind == "rails"  # FabricCost's own rails: collectives as NCCL runs them
+    cost = FabricCost(trace.world, built.fabric, c.gpus_per_server, topology=None if on_rails else built.topology,
+                      terms=built.engine, gpu=built.gpu)
     sharing = built.fabric.sharing
     result = replay(trace, cost.collective, cost.transfer, record=TIMELINE_RANKS, sharing=sharing)
     kind = built.scenario.topology_kind
