@@ -83,7 +83,9 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
     console.print(f"photonic overhead {signed_time(result.iteration_time_s - result.baseline_iteration_time_s)} = "
                   + " + ".join(f"{lbl} {signed_time(b[k])}" for k, lbl in BREAKDOWN)
                   + f"; electrical rails routed by {result.routing.upper()}; controller round trip "
-                  f"{format_time(result.check_in_rtt_s)}, command {format_time(result.command_latency_s)}",
+                  f"{format_time(result.check_in_rtt_s)}, command {format_time(result.command_latency_s)}; "
+                  + ("collectives as NCCL runs them" if result.collectives == "nccl" else "textbook schedules")
+                  + (", ops in flight sharing links" if result.sharing == "fair" else ", each op timed alone"),
                   highlight=False)
     if result.plan:
         phases = ", ".join(f"{phase}: {len(cfgs)} configuration{'s' if len(cfgs) > 1 else ''} "

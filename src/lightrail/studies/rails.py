@@ -140,6 +140,10 @@ class RailsComparison:
     check_in_rtt_s: float
     command_latency_s: float
     routing: str
+    sharing: str
+    """Ops in flight share links (``fair``) or each runs alone (``none``): the scenario's ``engine.sharing``."""
+    collectives: str
+    """Collectives priced as NCCL runs them (``nccl``) or by the textbook schedules: ``engine.collectives``."""
     mode: Mode
     policy: str
     iteration_time_s: float
@@ -242,6 +246,8 @@ def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None
         check_in_rtt_s=fabric.check_in_rtt,
         command_latency_s=fabric.command_latency,
         routing=fabric.routing,
+        sharing=fabric.sharing,
+        collectives=fabric.collectives,
         mode=params.mode,
         policy=params.label,
         iteration_time_s=photonic.iteration_time_s,
