@@ -51,8 +51,11 @@ def check_cmd(scenario: Scenario = None):
     built = built_scenario(scenario, trace_ok=True)
     if built.trace is not None:
         ops = ", ".join(f"{v} {k}" for k, v in built.trace.ops().items() if ":" not in k)
+        network = built.topology.name if built.topology is not None else "one GPU"
+        f = built.fabric
         out.print(f"ok: {built.scenario.name}: Chakra trace {built.trace.source}, {built.trace.world} ranks "
-                  f"({ops}) on {built.trace.world} {built.gpu.name}")
+                  f"({ops}) on {built.trace.world} {built.gpu.name}, {network}; sharing {f.sharing}, "
+                  f"collectives {f.collectives}")
         return
     job = built.job
     out.print(f"ok: {built.scenario.name}: {built.model.name} on {job.layout.world} {built.gpu.name}, "
