@@ -98,7 +98,8 @@ def parse_iteration_table(text: str, *, source: str = "TABLE") -> tuple[TableRow
                                  "leave ocs_delay empty on electrical rows: electrical,,0.0312")
             delay_s = None
         elif not delay:
-            raise _row_error(f"a {mode} row needs its OCS delay", where, f"give it with a unit, e.g. {EXAMPLE}")
+            article = "an" if mode == "on-demand" else "a"
+            raise _row_error(f"{article} {mode} row needs its OCS delay", where, f"give it with a unit, e.g. {EXAMPLE}")
         else:
             try:
                 delay_s = parse_time(delay, field=where)
@@ -153,6 +154,7 @@ class IterationCalibration:
     rms_relative_error: dict[str, float | None]
     fit_delays_s: list[float] | None
     policy: str
+    """The scenario's policy knobs (``ocs`` section), e.g. ``+skip_present+partial``; each row runs in its mode."""
     method: str
     simulations: int
     warnings: list[str]
@@ -419,7 +421,8 @@ def fit_iterations(built: Built, rows: Sequence[TableRow], *, fit_delays: Sequen
         scenario=built.scenario.name, source=source,
         fitted={"mfu": mfu, "check_in_rtt_s": rtt, "command_latency_s": command}, scenario_values=start,
         identified={"mfu": mfu_known, **known}, rows=out, rms_relative_error=errors,
-        fit_delays_s=None if fit_delays is None else [float(d) for d in fit_delays], policy=built.params.label,
+        fit_delays_s=None if fit_delays is None else [float(d) for d in fit_delays],
+        policy=built.params.label.split(" ", 1)[1],
         method="mfu: grid + bounded Brent on log(mfu); control plane: linear guess + 4x4 grid + least_squares "
                "(trf, bounds >= 0, diff_step 1%); relative error",
         simulations=model.simulations, warnings=warnings)
