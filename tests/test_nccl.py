@@ -17,6 +17,8 @@ from lightrail.nccl import (
     candidates,
     choose,
     lightrail_schedule,
+    p2p_channels,
+    p2p_time,
     parse_algorithm,
 )
 from lightrail.workload.nccl_tests import NcclRow
@@ -109,6 +111,42 @@ def test_point_to_point_and_pat():
     assert t == pytest.approx(8.4 * US + 14 * US + 2.0**30 * 8 / 16 / q.nic_Bps)
 
 
+def test_sendrecv_across_nodes_runs_on_nccls_p2p_channels_per_peer():
+    """paths.cc (NCCL 2.29): a peer on another node wants max(1 NIC, ceil(50 GB/s / 14 GB/s per channel)) = 4
+    channels (an NVLink peer 2 x 18); p2pnChannels = pow2Up(comm->nChannels) = 2 x 8 ring channels = 16 (no
+    Hopper doubling at 16); at 80 ranks the per-peer count halves while perPeer x ceil(80 / 8) > 16: 4 -> 2 -> 1.
+    So send/recv moves min(48, 1 x 14) GB/s; at 16 ranks 4 x 14 = 56 > 48 and the NIC binds again. All-to-all's
+    72 remote peers spread over all 16 channels (224 GB/s): the NIC binds."""
+    big = h100(nodes=10)
+    assert big.comm_channels == 16 and p2p_channels(big) == (16, 1)
+    assert p2p_channels(h100(nodes=2)) == (16, 4)
+    assert p2p_channels(h100(nodes=10, net_channels_per_peer=2)) == (16, 2)  # NCCL_NCHANNELS_PER_NET_PEER=2
+    n = 2.0**30
+    assert p2p_time("sendrecv", n, big) == pytest.approx((8.4 + 14.0) * US + n / 14e9)
+    assert p2p_time("sendrecv", n, h100(nodes=2)) == pytest.approx((8.4 + 14.0) * US + n / 48e9)
+    assert p2p_time("sendrecv", n, h100(nodes=10, net_channels_per_peer=2)) == pytest.approx(
+        (8.4 + 14.0) * US + n / 28e9)
+    assert p2p_time("alltoall", n, big) == pytest.approx((8.4 + 14.0) * US + n * 72 / 80 / 48e9)
+    one = h100()  # one node: 2 x 18 NVLink channels per peer, capped at pow2Up(24) = 32; NVLink uncapped
+    assert p2p_channels(one) == (32, 32)
+    assert p2p_time("sendrecv", n, one) == pytest.approx((8.4 + 3.4) * US + n / (450e9 * NVLINK_SEEN["hopper"]))
+
+
+def test_a_bandwidth_a_cap_hides_is_reported_as_undetermined():
+    """Send/recv at 80 ranks is bound by its one p2p channel: the fit finds the channel's rate, flags the NIC's as
+    not determined and says so; all-to-all on the same ranks is bound by the NIC, which is determined."""
+    comm = h100(nodes=10)
+    truth = NcclParams(p2p_net_channel_Bps=15e9, nic_Bps=45e9)
+    sizes = 2.0 ** np.arange(20, 34)
+    cal = fit_nccl(rows_of(sizes, p2p_time("sendrecv", sizes, comm, truth), 0.01), kind="sendrecv", comm=comm)
+    assert cal.params["p2p_net_channel_Bps"] == pytest.approx(15e9, rel=0.03)
+    assert cal.bandwidth_identified == {"nvlink_Bps": False, "nic_Bps": False}
+    assert sum("not determined by the data" in w for w in cal.warnings) == 2
+    cal = fit_nccl(rows_of(sizes, p2p_time("alltoall", sizes, comm, truth), 0.01), kind="alltoall", comm=comm)
+    assert cal.params["nic_Bps"] == pytest.approx(45e9, rel=0.03)
+    assert cal.bandwidth_identified["nic_Bps"] and not any("not determined" in w and "NIC" in w for w in cal.warnings)
+
+
 def test_names_and_schedules():
     assert parse_algorithm("NVLSTree") == "nvls-tree" and parse_algorithm("CollNet_Direct") == "collnet-direct"
     with pytest.raises(ScenarioError, match="algo"):
@@ -169,4 +207,5 @@ def test_the_fit_recovers_parameters_the_model_generated(nodes, nvls, binds):
     got = [(c["algorithm"], c["protocol"]) for c in cal.choices]
     agree = np.mean([g == (a, p) for g, a, p in zip(got, want.algorithm, want.protocol, strict=True)])
     assert agree > 0.8
-    assert not cal.warnings
+    assert not [w for w in cal.warnings if "not determined" not in w]
+    assert cal.bandwidth_identified[{"nic": "nic_Bps"}.get(binds, "nvlink_Bps")]

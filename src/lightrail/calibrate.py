@@ -37,7 +37,7 @@ from lightrail.errors import ScenarioError
 from lightrail.workload.nccl_tests import NcclRow, parse_nccl_tests
 
 __all__ = ["NcclRow", "parse_nccl_tests", "StepTerms", "step_terms", "model_times", "Calibration", "fit",
-           "fit_terms", "fit_nccl", "measurements", "FIT_FIELDS", "RMS_GOAL"]
+           "fit_terms", "fit_nccl", "measurements", "bandwidth_identified", "FIT_FIELDS", "RMS_GOAL"]
 
 RMS_GOAL = 0.10
 """A fit whose rms relative error is above this gets a warning."""
@@ -123,6 +123,10 @@ class Calibration:
     """NCCL model: NCCL's published parameters for this communicator (the fit's start and prior)."""
     nominal: dict = field(default_factory=dict)
     """The hardware's data-sheet rates (``nvlink_Bps``, ``nic_Bps``) the fitted bandwidths are checked against."""
+    bandwidth_identified: dict = field(default_factory=dict)
+    """NCCL model: per link class (``nvlink_Bps``, ``nic_Bps``), whether the data determines its bandwidth: False
+    when moving it by 2% moves no modelled time by 5% of that (a per-channel cap, NCCL's LL cap or the other link
+    binds at every size), so the fitted value is NCCL's default held by the prior, not a measurement."""
     communicator: dict = field(default_factory=dict)
     """NCCL model: ranks, nodes, GPUs per node, nvls, collnet, arch."""
 
@@ -213,16 +217,16 @@ def fit_terms(terms: StepTerms, rows: list[NcclRow], *, latency_s: float, in_pla
 
 FIT_FIELDS = ("base_LL", "base_LL128", "base_Simple", "nvlink_LL", "nvlink_LL128", "nvlink_Simple", "net_LL",
               "net_LL128", "net_Simple", "nvlink_Bps", "nic_Bps", "ll_efficiency", "ll128_efficiency",
-              "nvls_efficiency")
+              "nvls_efficiency", "p2p_net_channel_Bps")
 """The entries of the NCCL model's parameter vector (:class:`lightrail.nccl.NcclParams` flattened)."""
-_LATENCIES, _BANDWIDTHS, _EFFICIENCIES = range(9), (9, 10), (11, 12, 13)
+_LATENCIES, _BANDWIDTHS, _EFFICIENCIES, _P2P_CHANNEL = range(9), (9, 10), (11, 12, 13), 14
 PRIOR_WEIGHT = 0.03
 """Weight of log(parameter / NCCL's value) beside the relative errors: a factor e costs a 3% error."""
 
 
 def _vector(q) -> np.ndarray:
     return np.array([*q.base_latency_s, *q.nvlink_latency_s, *q.net_latency_s, q.nvlink_Bps, q.nic_Bps,
-                     q.ll_efficiency, q.ll128_efficiency, q.nvls_efficiency], float)
+                     q.ll_efficiency, q.ll128_efficiency, q.nvls_efficiency, q.p2p_net_channel_Bps], float)
 
 
 def _params(v):
@@ -231,13 +235,15 @@ def _params(v):
     v = [float(x) for x in v]
     return NcclParams(base_latency_s=tuple(v[0:3]), nvlink_latency_s=tuple(v[3:6]), net_latency_s=tuple(v[6:9]),
                       nvlink_Bps=v[9], nic_Bps=v[10], ll_efficiency=v[11], ll128_efficiency=v[12],
-                      nvls_efficiency=v[13])
+                      nvls_efficiency=v[13], p2p_net_channel_Bps=v[14])
 
 
 def _active(kind: str, comm) -> np.ndarray:
     """Which parameters the data can move: no network parameter on one node, no NVLS efficiency without NVLS, only
-    Simple's latencies and the bandwidths for point-to-point."""
+    Simple's latencies, the bandwidths and (across nodes) the p2p channel's bandwidth for point-to-point."""
     active = np.ones(len(FIT_FIELDS), bool)
+    if comm.nnodes == 1 or kind not in ("alltoall", "sendrecv"):
+        active[_P2P_CHANNEL] = False
     if comm.nnodes == 1:
         active[[6, 7, 8, 10]] = False
     if not comm.nvls or kind in ("alltoall", "sendrecv"):
@@ -300,7 +306,7 @@ def fit_nccl(rows: list[NcclRow], *, kind: str, comm, algorithm: str | None = No
     theta0 = _vector(NcclParams().resolve(comm))
     active = _active(kind, comm)
     lo, hi = np.full(len(theta0), np.log(1e-2)), np.full(len(theta0), np.log(1e2))
-    lo[list(_BANDWIDTHS)], hi[list(_BANDWIDTHS)] = np.log(1 / 20), np.log(20)
+    lo[[*_BANDWIDTHS, _P2P_CHANNEL]], hi[[*_BANDWIDTHS, _P2P_CHANNEL]] = np.log(1 / 20), np.log(20)
     lo[list(_EFFICIENCIES)], hi[list(_EFFICIENCIES)] = np.log(1 / 20), np.log(1 / theta0[list(_EFFICIENCIES)])
     lo, hi = lo[active], hi[active]
 
@@ -323,8 +329,8 @@ def fit_nccl(rows: list[NcclRow], *, kind: str, comm, algorithm: str | None = No
             x[lat_ix[i]] = np.log(np.clip(measured[small] / model[small], 0.05, 20))
     model, _ = _model(kind, sizes, comm, params(x), algorithm)
     ratio = float(np.clip(model[big] / measured[big], 0.06, 15))
-    for i in _BANDWIDTHS:  # across nodes a slow log is the NICs' doing: NVLink moves only when the NICs could not
-        if active[i] and (i == 10 or comm.nnodes == 1 or ratio > 1 or not active[10]):
+    for i in (*_BANDWIDTHS, _P2P_CHANNEL):  # across nodes a slow log is the NICs' doing (and the p2p channels'):
+        if active[i] and (i != 9 or comm.nnodes == 1 or ratio > 1 or not active[10]):  # NVLink moves only if not
             x[lat_ix[i]] = np.log(ratio)
     x = np.clip(x, lo + 1e-9, hi - 1e-9)
     best_x, best_cost, seen = x, np.inf, set()
@@ -344,6 +350,33 @@ def fit_nccl(rows: list[NcclRow], *, kind: str, comm, algorithm: str | None = No
     model, pairs = _model(kind, sizes, comm, q, algorithm)
     return _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured, labels, model, pairs,
                              nominal, list(warnings))
+
+
+IDENTIFIED = 0.05
+"""A bandwidth is determined by the data when a relative change of it moves some modelled time by at least this
+fraction of that change (its bytes term is >= 5% of that size's time)."""
+_NUDGE = 0.02
+
+
+def bandwidth_identified(kind: str, sizes, comm, q, algorithm: str | None = None) -> dict[str, bool]:
+    """Per link class (``nvlink_Bps``; ``nic_Bps`` across nodes): whether the model's times at ``sizes`` depend on
+    that bandwidth at parameters ``q`` (resolved :class:`lightrail.nccl.NcclParams`), the picks re-chosen: it is
+    nudged by +-2% and identified when some time moves by at least :data:`IDENTIFIED` x 2%. Where NCCL's caps
+    (per-channel LL128/tree caps, ``llMaxBws``, p2p channels per peer) or the other link class bind at every size,
+    it is not."""
+    from dataclasses import replace
+
+    sizes = np.asarray(sizes, float)
+    base, _ = _model(kind, sizes, comm, q, algorithm)
+    keys = ["nvlink_Bps", "nic_Bps"] if comm.nnodes > 1 else ["nvlink_Bps"]
+    out = {}
+    for key in keys:
+        moved = 0.0
+        for f in (1 + _NUDGE, 1 / (1 + _NUDGE)):
+            t, _ = _model(kind, sizes, comm, replace(q, **{key: getattr(q, key) * f}), algorithm)
+            moved = max(moved, float(np.max(np.abs(t / base - 1.0))))
+        out[key] = moved >= IDENTIFIED * np.log(1 + _NUDGE)
+    return out
 
 
 def _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured, labels, model, pairs, nominal,
@@ -366,9 +399,14 @@ def _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured,
     if rms > RMS_GOAL:
         warnings.append(f"rms relative error {rms:.1%} is above {RMS_GOAL:.0%}: the model does not describe this log "
                         "well (check --ranks, --gpus-per-server, --gpu and --nvls against the cluster)")
+    identified = bandwidth_identified(kind, sizes, comm, q, algorithm)
     for key, r in ratio.items():
-        if r > 1.0:
-            link = "NVLink" if key == "nvlink_Bps" else "NIC"
+        link = "NVLink" if key == "nvlink_Bps" else "NIC"
+        if not identified.get(key, True):
+            warnings.append(f"the {link} bandwidth is not determined by the data: at every size NCCL's model is "
+                            "bound elsewhere (a per-channel cap, the LL cap, p2p channels per peer or the other link), "
+                            f"so {fitted[key] / 1e9:.4g} GB/s is NCCL's default held by the prior, not a measurement")
+        elif r > 1.0:
             warnings.append(f"fitted {link} bandwidth {fitted[key] / 1e9:.4g} GB/s is {r:.2f}x the nominal "
                             f"{nominal[key] / 1e9:.4g} GB/s: check the hardware options (--gpu, "
                             f"{'--nvlink-bandwidth' if link == 'NVLink' else '--rail-bandwidth'}, --gpus-per-server)")
@@ -385,6 +423,7 @@ def _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured,
         startup_per_step_s=startup, rms_relative_error=rms, max_relative_error=worst, points=points, model="nccl",
         warnings=warnings, choices=choices, params=fitted, defaults=NcclParams().resolve(comm).to_dict(),
         nominal={**nominal, **{f"fitted_over_{k}": r for k, r in ratio.items()}},
+        bandwidth_identified={k: bool(identified.get(k, True)) for k in checked},
         communicator={"ranks": comm.nranks, "nodes": comm.nnodes, "gpus_per_node": comm.ppn, "nvls": comm.nvls,
                       "collnet": comm.collnet, "arch": comm.arch, "cpu": comm.cpu})
 

@@ -20,7 +20,9 @@ What this model takes from the hardware instead of NCCL's topology search:
 - a multi-node ring or tree carries ``gpus_per_node`` channels, one per NIC (one NIC per GPU: rail-optimized),
   so its bus bandwidth is ``min(gpus_per_node * nic, nvlink)``; a single node's is the NVLink bandwidth;
 - all-to-all and send/recv are point-to-point in NCCL (no tuner entry): our own model, Simple protocol, one start-up
-  and one hop, the intra-node share over NVLink and the rest over the NICs in parallel (:func:`p2p_time`).
+  and one hop, the intra-node share over NVLink and the rest over the NICs in parallel (:func:`p2p_time`); a peer
+  on another node gets NCCL's p2p channels per peer (:func:`p2p_channels`), each carrying at most
+  ``NCCL_P2P_PER_CHANNEL_NET_BW`` (14 GB/s, ``src/graph/paths.cc``), so one send/recv peer may not fill the NIC.
 
 :class:`NcclParams` holds the parameters a measurement can correct (and :mod:`lightrail.calibrate` fits): base
 latency per protocol, per-hop latency per link class and protocol (ring's entries; the other algorithms' entries
@@ -37,7 +39,8 @@ import numpy as np
 from lightrail.errors import ScenarioError, UnsupportedError
 
 __all__ = ["ALGORITHMS", "PROTOCOLS", "P2P", "ARCHS", "KINDS", "NVLINK_SEEN", "NIC_SEEN", "Communicator",
-           "NcclParams", "candidates", "algo_time", "p2p_time", "choose", "parse_algorithm", "lightrail_schedule"]
+           "NcclParams", "candidates", "algo_time", "p2p_time", "p2p_channels", "choose", "parse_algorithm",
+           "lightrail_schedule"]
 
 ALGORITHMS = ("tree", "ring", "collnet-direct", "collnet-chain", "nvls", "nvls-tree", "pat")
 """NCCL's algorithms in NCCL's order (``NCCL_ALGO_TREE`` .. ``NCCL_ALGO_PAT``, ``src/include/device.h``)."""
@@ -90,6 +93,9 @@ _RING_PLATEAU = (1.9, 1.4)  # ncclTopoGetAlgoTime: ring Simple AllReduce latency
 _MAX_DIRECT_ARITY = 7  # src/include/device.h NCCL_MAX_DIRECT_ARITY: CollNet needs <= 8 local ranks
 _MAX_NVLS_ARITY = 32  # src/include/device.h NCCL_MAX_NVLS_ARITY
 _MAX_CHANNELS = 64  # src/include/device.h MAXCHANNELS
+_P2P_CHANNEL_NET_BW = 14.0  # src/graph/paths.cc NCCL_P2P_PER_CHANNEL_NET_BW (GB/s): a p2p channel's share of a NIC
+_P2P_PER_BATCH = 8  # src/include/device.h NCCL_MAX_DEV_WORK_P2P_PER_BATCH: p2p operations per channel and batch
+_NVLINK_LINK = {"volta": 25.0, "ampere": 25.0, "hopper": 25.0, "blackwell": 50.0}  # GB/s per link, data sheet
 
 # src/graph/topo.h SM70/SM80/SM90/SM100_NVLINK_BW (GB/s per link as NCCL prices it) over the data sheet's rate
 # per link and direction (NVLink 2/3/4: 25 GB/s, NVLink 5: 50 GB/s)
@@ -130,6 +136,9 @@ class Communicator:
     """GPU class: volta, ampere, hopper or blackwell (the rows of NCCL's tables)."""
     cpu: str = "intel"
     """Host CPU vendor (intel, amd, arm): NCCL's LL cap across nodes and its network overhead depend on it."""
+    net_channels_per_peer: int | None = None
+    """``NCCL_NCHANNELS_PER_NET_PEER``: p2p channels per peer on another node (None: NCCL 2.29's own choice,
+    :func:`p2p_channels`; NCCL 2.12-2.27 used 2)."""
 
     def __post_init__(self):
         for name in ("nranks", "gpus_per_node"):
@@ -140,6 +149,10 @@ class Communicator:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ScenarioError(f"{value!r} is not a rate", field=name, fix="give bytes/s as a positive number")
+        value = self.net_channels_per_peer
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+            raise ScenarioError(f"{value!r} is not a count of channels", field="net_channels_per_peer",
+                                fix="give a whole number from 1 to 64 (NCCL_NCHANNELS_PER_NET_PEER)")
         if self.arch not in ARCHS:
             raise ScenarioError(f"unknown GPU class {self.arch!r}", field="arch", fix=f"use one of {', '.join(ARCHS)}")
         if self.cpu not in _NET_OVERHEAD:
@@ -176,6 +189,15 @@ class Communicator:
             n = min(2 * n, _MAX_CHANNELS // 2)
         return n
 
+    @property
+    def comm_channels(self) -> int:
+        """``comm->nChannels`` after ``ncclTopoPostset`` (``src/graph/connect.cc``): the ring graph's channels
+        doubled, and doubled again across nodes from Hopper when a channel runs above 45 GB/s and fewer than 16."""
+        n = min(_MAX_CHANNELS, 2 * self.channels)
+        if self.cc >= 2 and self.nnodes > 1 and self.nic_Bps * NIC_SEEN / _GB > 45.0 and n < 16:
+            n = 2 * n
+        return n
+
 
 @dataclass(frozen=True, kw_only=True)
 class NcclParams:
@@ -202,6 +224,9 @@ class NcclParams:
     """LL128's share (tuning.cc: ring LL128 busBw * 0.92, capped per channel); scales LL128 as LL's does."""
     nvls_efficiency: float | None = None
     """NVLS's share of the NVLink bandwidth (None: tuning.cc ``nvlsEfficiency``: Hopper .85, Blackwell .74)."""
+    p2p_net_channel_Bps: float = _P2P_CHANNEL_NET_BW * _GB
+    """What one point-to-point channel carries to a peer on another node, bytes/s (``src/graph/paths.cc``
+    ``NCCL_P2P_PER_CHANNEL_NET_BW``: 14 GB/s, the figure NCCL sizes a peer's channels by)."""
 
     def __post_init__(self):
         for name in ("base_latency_s", "nvlink_latency_s", "net_latency_s"):
@@ -210,7 +235,8 @@ class NcclParams:
                 raise ScenarioError(f"{value!r} is not three latencies (LL, LL128, Simple)", field=name,
                                     fix="give three non-negative seconds")
             object.__setattr__(self, name, tuple(float(v) for v in value))
-        for name in ("nvlink_Bps", "nic_Bps", "ll_efficiency", "ll128_efficiency", "nvls_efficiency"):
+        for name in ("nvlink_Bps", "nic_Bps", "ll_efficiency", "ll128_efficiency", "nvls_efficiency",
+                     "p2p_net_channel_Bps"):
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:
                 raise ScenarioError(f"{value!r} is not positive", field=name, fix="give a positive number")
@@ -357,21 +383,57 @@ def _latency_bandwidth(kind: str, a: int, p: int, comm: Communicator, q: NcclPar
     return lat, bus
 
 
+def _pow2_up(n: int) -> int:
+    """NCCL's ``pow2Up``: the smallest power of two >= n."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def p2p_channels(comm: Communicator) -> tuple[int, int]:
+    """``(p2pnChannels, p2pnChannelsPerPeer)`` as NCCL 2.29 sets them (``src/graph/paths.cc``):
+    ``ncclTopoGetNchannels`` gives a peer on NVLink 2 channels per link, a peer on another node
+    ``max(1 NIC, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW))`` (or ``NCCL_NCHANNELS_PER_NET_PEER``);
+    ``ncclTopoComputeP2pChannelsPerPeer`` takes the minimum over the peers; ``ncclTopoComputeP2pChannels`` rounds
+    both counts up to powers of two (p2pnChannels from ``comm->nChannels``) and, across nodes without the
+    variable set, halves the per-peer count until ``perPeer * ceil(nranks / NCCL_MAX_DEV_WORK_P2P_PER_BATCH)``
+    fits in p2pnChannels (so many ranks leave one channel per peer); otherwise caps it at p2pnChannels."""
+    total = _pow2_up(min(comm.comm_channels, _MAX_CHANNELS))
+    counts = []
+    if comm.ppn > 1:  # a peer over NVLink: 2 x (its links as NCCL counts them)
+        counts.append(2 * max(1, int(comm.nvlink_Bps / _GB / _NVLINK_LINK[comm.arch])))
+    if comm.nnodes > 1:
+        counts.append(comm.net_channels_per_peer or max(1, math.ceil(comm.nic_Bps / _GB / _P2P_CHANNEL_NET_BW)))
+    per_peer = _pow2_up(min(counts or [2]))
+    if comm.nnodes > 1 and comm.net_channels_per_peer is None:
+        while per_peer * -(-comm.nranks // _P2P_PER_BATCH) > total and per_peer > 1:
+            per_peer //= 2
+    else:
+        per_peer = min(per_peer, total)
+    return total, per_peer
+
+
 def p2p_time(kind, nbytes, comm: Communicator, params: NcclParams | None = None) -> np.ndarray:
     """All-to-all (``nbytes`` sent per rank, ``1/n`` of it to each rank) or send/recv (``nbytes`` to one peer on
     another node when there is one) as NCCL's point-to-point transfers with the Simple protocol: one base latency
-    and one hop, the bytes for peers on the node over NVLink and the rest over the NIC, in parallel. Our model:
-    NCCL's tuner has no entry for point-to-point."""
+    and one hop, the bytes for peers on the node over NVLink and the rest over the NIC, in parallel. The network
+    share moves at ``min(NIC, channels x p2p_net_channel_Bps)``: send/recv's one remote peer on
+    ``p2pnChannelsPerPeer`` channels, all-to-all's remote peers on up to all ``p2pnChannels``
+    (:func:`p2p_channels`). Our model: NCCL's tuner has no entry for point-to-point.
+
+    Notes: send/recv across nodes of 8 H100s with 400 Gb/s NICs at 80 ranks runs on 1 channel per peer (16
+    channels; 4 wanted by 50/14 GB/s, halved while 10 batches of 8 peers need more than 16), so it moves
+    ``min(48, 14) = 14`` GB/s (tests check the closed form)."""
     kind = _kind(kind)
     q = (params or NcclParams()).resolve(comm)
     nbytes = np.asarray(nbytes, float)
     n, ppn = comm.nranks, comm.ppn
     remote = comm.nnodes > 1
     hop = q.net_latency_s[SIMPLE] if remote else q.nvlink_latency_s[SIMPLE]
+    total, per_peer = p2p_channels(comm) if remote else (0, 0)
     if kind == "sendrecv":
-        wire = nbytes / (q.nic_Bps if remote else q.nvlink_Bps)
+        wire = nbytes / (min(q.nic_Bps, per_peer * q.p2p_net_channel_Bps) if remote else q.nvlink_Bps)
     else:
-        wire = np.maximum(nbytes * (ppn - 1) / n / q.nvlink_Bps, nbytes * (n - ppn) / n / q.nic_Bps)
+        net = min(q.nic_Bps, min(total, per_peer * (n - ppn)) * q.p2p_net_channel_Bps) if remote else q.nic_Bps
+        wire = np.maximum(nbytes * (ppn - 1) / n / q.nvlink_Bps, nbytes * (n - ppn) / n / net)
     return q.base_latency_s[SIMPLE] + hop + wire
 
 

@@ -94,9 +94,14 @@ def _print_nccl(cal: Calibration, console) -> None:
                   f"nvls {c['nvls']}, collnet {c['collnet']}): NCCL's model, algorithm {cal.algo}")
     console.print(f"  rms relative error {cal.rms_relative_error:.2%}, max {cal.max_relative_error:.2%}")
     links = [("NVLink", "nvlink_Bps")] + ([("NIC", "nic_Bps")] if c["nodes"] > 1 else [])
+    identified = getattr(cal, "bandwidth_identified", {}) or {}
     for name, key in links:
+        held = "" if identified.get(key, True) else "; not determined by the data: NCCL's default, held"
         console.print(f"  {name} bandwidth {format_rate(q[key])} ({q[key] / nominal[key]:.2f}x the nominal "
-                      f"{format_rate(nominal[key])})")
+                      f"{format_rate(nominal[key])}{held})")
+    if c["nodes"] > 1 and cal.kind in ("alltoall", "sendrecv") and "p2p_net_channel_Bps" in q:
+        console.print(f"  p2p channel to another node {format_rate(q['p2p_net_channel_Bps'])} (NCCL "
+                      "sizes channels by 14 GB/s: NCCL_P2P_PER_CHANNEL_NET_BW)")
     lat = Table("latency", "LL", "LL128", "Simple", title=None)
     for label, key in (("base", "base_latency_s"), ("per NVLink hop", "nvlink_latency_s"),
                        ("per network hop", "net_latency_s")):
