@@ -52,6 +52,7 @@ BASE = {
                  "--matrices", "1"],
     "te run": ["--topology", "abilene", "--matrices", "1", "--slicers", "contiguous"],
     "calibrate nccl-tests": ["nccl.txt", "--ranks", "8"],
+    "calibrate iterations": ["iter.csv", "tiny.yaml"],
     "export astra-sim": ["tiny.yaml"],
 }
 """Small, valid settings per verb, so a hostile value that happens to be valid still runs in moments."""
@@ -110,6 +111,7 @@ def _scratch(root: Path) -> None:
     """The files hostile paths point at (relative to the scratch folder, the command's cwd)."""
     (root / "tiny.yaml").write_text(SMALL_SCENARIO)
     (root / "nccl.txt").write_text(NCCL_LOG)
+    (root / "iter.csv").write_text("mode,ocs_delay,iteration_s\nelectrical,,0.02\nprovisioned,1ms,0.021\n")
     (root / "afile").write_text("not a folder\n")
     (root / "deep.yaml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "bomb.yaml").write_text('a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
