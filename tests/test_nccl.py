@@ -132,6 +132,30 @@ def test_sendrecv_across_nodes_runs_on_nccls_p2p_channels_per_peer():
     assert p2p_time("sendrecv", n, one) == pytest.approx((8.4 + 3.4) * US + n / (450e9 * NVLINK_SEEN["hopper"]))
 
 
+def test_fewer_nics_than_gpus_mean_fewer_ring_channels():
+    """Polaris-like nodes: 4 A100s, 2 NICs of 200 Gb/s (100 Gb/s per GPU). The ring graph has one channel per NIC
+    (2, not 4), so ring LL128 across 8 nodes is capped at 2 x 20 GB/s (tuning.cc perChMaxRingLL128Bws, Ampere)
+    below 4 x 12.5 x 0.96 x 0.92 = 44.2 GB/s; tree Simple at 2 x 17.8 GB/s (perChMaxTreeBws, Ampere, > 2 nodes)
+    below 48 x 0.92. The bus bandwidth (the node's NICs) is unchanged. Send/recv's one remote peer has a whole
+    NIC but one p2p channel: min(25 x 0.96, 1 x 14) GB/s."""
+    kw = dict(nranks=32, gpus_per_node=4, nvlink_Bps=300e9, nic_Bps=12.5e9, arch="ampere")
+    two, four = Communicator(nics_per_node=2, **kw), Communicator(**kw)
+    assert (two.channels, four.channels) == (2, 4) and two.nic_rate_Bps == 25e9
+    n = 2.0**30
+    lat = algo_time("allreduce", "ring", "LL128", 0.0, two)
+    assert algo_time("allreduce", "ring", "LL128", n, two) - lat == pytest.approx(n / (40e9 * 32 / 62))
+    lat4 = algo_time("allreduce", "ring", "LL128", 0.0, four)
+    assert algo_time("allreduce", "ring", "LL128", n, four) - lat4 == pytest.approx(
+        n / (4 * 12.5e9 * NIC_SEEN * 0.92 * 32 / 62))
+    tree = algo_time("allreduce", "tree", "Simple", n, two) - algo_time("allreduce", "tree", "Simple", 0.0, two)
+    assert tree == pytest.approx(n / (2 * 17.8e9 * 0.5))  # log2(2^30 / 64) = 24 >= 23: no tree correction
+    # p2pnChannels = 2 x 2 = 4; a remote peer wants ceil(25 / 14) = 2, halved as 2 x ceil(32 / 8) = 8 > 4 -> 1
+    assert p2p_channels(two) == (4, 1)
+    assert p2p_time("sendrecv", n, two) == pytest.approx((8.4 + 14.0) * US + n / 14e9)
+    with pytest.raises(ScenarioError, match="nics_per_node"):
+        Communicator(nics_per_node=0, **kw)
+
+
 def test_a_bandwidth_a_cap_hides_is_reported_as_undetermined():
     """Send/recv at 80 ranks is bound by its one p2p channel: the fit finds the channel's rate, flags the NIC's as
     not determined and says so; all-to-all on the same ranks is bound by the NIC, which is determined."""

@@ -425,7 +425,7 @@ def _nccl_calibration(rows, kind, comm, algorithm, topology, q, sizes, measured,
         nominal={**nominal, **{f"fitted_over_{k}": r for k, r in ratio.items()}},
         bandwidth_identified={k: bool(identified.get(k, True)) for k in checked},
         communicator={"ranks": comm.nranks, "nodes": comm.nnodes, "gpus_per_node": comm.ppn, "nvls": comm.nvls,
-                      "collnet": comm.collnet, "arch": comm.arch, "cpu": comm.cpu})
+                      "collnet": comm.collnet, "arch": comm.arch, "cpu": comm.cpu, "nics_per_node": comm.nics})
 
 
 _ARCH_OF = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "a100": "ampere"}
@@ -437,12 +437,14 @@ _ARCH_NAMES = {"v100": "volta", "t4": "volta", "a10": "ampere", "a40": "ampere",
 
 def nccl_communicator(ranks: int, gpus_per_server: int, *, gpu: str | None = None, arch: str | None = None,
                       nvlink_Bps: float | None = None, nic_Bps: float | None = None, nvls: bool | None = None,
-                      collnet: bool = False, devices: tuple[str, ...] | list[str] = ()) -> tuple:
+                      collnet: bool = False, devices: tuple[str, ...] | list[str] = (),
+                      nics_per_server: int | None = None) -> tuple:
     """The communicator NCCL's model prices and the nominal rates it is checked against, from the options and
     the GPU names the log prints: ``(Communicator, {"nvlink_Bps", "nic_Bps"}, warnings)``. The GPU is ``gpu``
     (a preset: h100, h200, b200, a100), else the preset the log's device names contain, else H100's rates with a
     warning; ``nvlink_Bps``/``nic_Bps`` override its rates, ``arch`` its NCCL class. NVLS defaults to on for
-    Hopper and Blackwell (NVSwitch multicast)."""
+    Hopper and Blackwell (NVSwitch multicast). ``nics_per_server`` (default: one per GPU) sets the ring's channels
+    across nodes; ``nic_Bps`` stays a GPU's share of the node's NICs."""
     from lightrail.nccl import Communicator
     from lightrail.workload.hardware import GPUS
     from lightrail.workload.hardware import gpu as preset
@@ -472,6 +474,9 @@ def nccl_communicator(ranks: int, gpus_per_server: int, *, gpu: str | None = Non
     arch = arch or "hopper"
     if gpus_per_server < 1:
         raise ScenarioError(f"{gpus_per_server} GPUs per server", field="--gpus-per-server", fix="use 1 or more")
+    if nics_per_server is not None and (isinstance(nics_per_server, bool) or nics_per_server < 1):
+        raise ScenarioError(f"{nics_per_server} NICs per server", field="--nics-per-server", fix="use 1 or more")
     comm = Communicator(nranks=ranks, gpus_per_node=gpus_per_server, nvlink_Bps=nvlink_Bps, nic_Bps=nic_Bps,
+                        nics_per_node=nics_per_server,
                         nvls=(arch in ("hopper", "blackwell")) if nvls is None else nvls, collnet=collnet, arch=arch)
     return comm, {"nvlink_Bps": nvlink_Bps, "nic_Bps": nic_Bps}, warnings

@@ -136,6 +136,9 @@ class Communicator:
     """GPU class: volta, ampere, hopper or blackwell (the rows of NCCL's tables)."""
     cpu: str = "intel"
     """Host CPU vendor (intel, amd, arm): NCCL's LL cap across nodes and its network overhead depend on it."""
+    nics_per_node: int | None = None
+    """NICs per node as NCCL's topology sees them (None: one per GPU, rail-optimized). ``nic_Bps`` stays the share
+    of one GPU (the node's NIC total / GPUs per node); fewer NICs mean fewer ring channels across nodes."""
     net_channels_per_peer: int | None = None
     """``NCCL_NCHANNELS_PER_NET_PEER``: p2p channels per peer on another node (None: NCCL 2.29's own choice,
     :func:`p2p_channels`; NCCL 2.12-2.27 used 2)."""
@@ -149,6 +152,10 @@ class Communicator:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ScenarioError(f"{value!r} is not a rate", field=name, fix="give bytes/s as a positive number")
+        value = self.nics_per_node
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ScenarioError(f"{value!r} is not a count of NICs", field="nics_per_node",
+                                fix="give a whole number >= 1")
         value = self.net_channels_per_peer
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
             raise ScenarioError(f"{value!r} is not a count of channels", field="net_channels_per_peer",
@@ -171,6 +178,16 @@ class Communicator:
         return self.nranks // self.ppn
 
     @property
+    def nics(self) -> int:
+        """NICs per node (one per GPU unless :attr:`nics_per_node` says otherwise)."""
+        return self.nics_per_node or self.ppn
+
+    @property
+    def nic_rate_Bps(self) -> float:
+        """One NIC's data-sheet rate: the node's NIC total over its NICs."""
+        return self.nic_Bps * self.ppn / self.nics
+
+    @property
     def cc(self) -> int:
         """Index of the GPU class in NCCL's tables."""
         return ARCHS.index(self.arch)
@@ -178,10 +195,11 @@ class Communicator:
     @property
     def channels(self) -> int:
         """Channels of NCCL's ring graph (our estimate of ``search.cc`` ``ncclTopoCompute``): across nodes one per
-        NIC; on one node as many as the GPU's NVLink fits at the arch's top channel speed, doubled by
-        ``ncclTopoDupChannels`` when that speed is high (H100: 6 x 60 GB/s -> 12 x 30)."""
+        NIC (the search's first speed is the NIC's, so a NIC carries one channel), at least 2; on one node as many
+        as the GPU's NVLink fits at the arch's top channel speed, doubled by ``ncclTopoDupChannels`` when that
+        speed is high (H100: 6 x 60 GB/s -> 12 x 30)."""
         if self.nnodes > 1:
-            return max(2, self.ppn)
+            return max(2, self.nics)
         speed = _CHANNEL_SPEED[self.arch]
         seen = self.nvlink_Bps * NVLINK_SEEN[self.arch] / _GB
         n = max(1, int(seen // speed))
@@ -194,7 +212,7 @@ class Communicator:
         """``comm->nChannels`` after ``ncclTopoPostset`` (``src/graph/connect.cc``): the ring graph's channels
         doubled, and doubled again across nodes from Hopper when a channel runs above 45 GB/s and fewer than 16."""
         n = min(_MAX_CHANNELS, 2 * self.channels)
-        if self.cc >= 2 and self.nnodes > 1 and self.nic_Bps * NIC_SEEN / _GB > 45.0 and n < 16:
+        if self.cc >= 2 and self.nnodes > 1 and self.nic_rate_Bps * NIC_SEEN / _GB > 45.0 and n < 16:
             n = 2 * n
         return n
 
@@ -401,7 +419,7 @@ def p2p_channels(comm: Communicator) -> tuple[int, int]:
     if comm.ppn > 1:  # a peer over NVLink: 2 x (its links as NCCL counts them)
         counts.append(2 * max(1, int(comm.nvlink_Bps / _GB / _NVLINK_LINK[comm.arch])))
     if comm.nnodes > 1:
-        counts.append(comm.net_channels_per_peer or max(1, math.ceil(comm.nic_Bps / _GB / _P2P_CHANNEL_NET_BW)))
+        counts.append(comm.net_channels_per_peer or max(1, math.ceil(comm.nic_rate_Bps / _GB / _P2P_CHANNEL_NET_BW)))
     per_peer = _pow2_up(min(counts or [2]))
     if comm.nnodes > 1 and comm.net_channels_per_peer is None:
         while per_peer * -(-comm.nranks // _P2P_PER_BATCH) > total and per_peer > 1:
@@ -430,7 +448,8 @@ def p2p_time(kind, nbytes, comm: Communicator, params: NcclParams | None = None)
     hop = q.net_latency_s[SIMPLE] if remote else q.nvlink_latency_s[SIMPLE]
     total, per_peer = p2p_channels(comm) if remote else (0, 0)
     if kind == "sendrecv":
-        wire = nbytes / (min(q.nic_Bps, per_peer * q.p2p_net_channel_Bps) if remote else q.nvlink_Bps)
+        nic = q.nic_Bps * ppn / comm.nics  # the one remote peer has its NIC to itself (nic_Bps is a GPU's share)
+        wire = nbytes / (min(nic, per_peer * q.p2p_net_channel_Bps) if remote else q.nvlink_Bps)
     else:
         net = min(q.nic_Bps, min(total, per_peer * (n - ppn)) * q.p2p_net_channel_Bps) if remote else q.nic_Bps
         wire = np.maximum(nbytes * (ppn - 1) / n / q.nvlink_Bps, nbytes * (n - ppn) / n / net)

@@ -92,7 +92,10 @@ def nccl_tests_cmd(
     nvlink_bandwidth: Annotated[str | None, typer.Option("--nvlink-bandwidth", help="Nominal NVLink rate per GPU "
                                                          "per direction (default: the GPU's).")] = None,
     rail_bandwidth: Annotated[str | None, typer.Option("--rail-bandwidth", help="Nominal NIC rate per GPU "
-                                                       "(default: the GPU's).")] = None,
+                                                       "(the server's NICs / its GPUs; default: the GPU's).")] = None,
+    nics_per_server: Annotated[int | None, typer.Option("--nics-per-server", help="NICs per server as NCCL sees "
+                                                        "them (default: one per GPU); sets the ring's channels "
+                                                        "across servers.")] = None,
     nvls: Annotated[bool | None, typer.Option("--nvls/--no-nvls", help="NVSwitch multicast (NVLS) available "
                                               "(default: on for Hopper and Blackwell).")] = None,
     collnet: Annotated[bool, typer.Option("--collnet", help="The network reduces (SHARP, CollNet).")] = False,
@@ -152,7 +155,7 @@ def nccl_tests_cmd(
             ranks, gpus_per_server, gpu=gpu, arch=arch, nvls=nvls, collnet=collnet,
             nvlink_Bps=parse_rate(nvlink_bandwidth, field="--nvlink-bandwidth") if nvlink_bandwidth else None,
             nic_Bps=parse_rate(rail_bandwidth, field="--rail-bandwidth") if rail_bandwidth else None,
-            devices=getattr(table, "devices", ()))
+            devices=getattr(table, "devices", ()), nics_per_server=nics_per_server)
         try:
             cal = fit_nccl(rows, kind=kind, comm=comm, algorithm=forced, topology=topology, nominal=nominal,
                            warnings=warnings + more)
