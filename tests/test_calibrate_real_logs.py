@@ -33,8 +33,8 @@ XFAIL = {
     ("alcf-polaris-8x4-a100-alltoall.txt", "alltoall"):
         "rms 25.8%, NIC 0.39x (determined: all-to-all's 28 remote peers spread over all 4 p2p channels, 56 GB/s, "
         "so the NIC binds, not the channels): the times are not monotone in the size (615 us at 128 B-4 KiB, "
-        "283 us at 8 KiB; 669 us at 1 MiB, 636 us at 2 MiB), which latency + size/bandwidth cannot follow; at 1 GiB each GPU moves "
-        "4.6 GB/s over the network (algbw 5.2 x 28/32) of its 12.5 GB/s NIC share",
+        "283 us at 8 KiB; 669 us at 1 MiB, 636 us at 2 MiB), which latency + size/bandwidth cannot follow; at "
+        "1 GiB each GPU moves 4.6 GB/s over the network (algbw 5.2 x 28/32) of its 12.5 GB/s NIC share",
     ("alcf-polaris-8x4-a100-allreduce.txt", "allreduce"):
         "rms 17.3% (max 41%; NIC 0.87x, determined): the times are not monotone in the size (4 KiB 127 us > 8 KiB "
         "118 us, 128 KiB 360 us > 256 KiB 335 us, 1 MiB 753 us > 2 MiB 603 us), while the cheapest of NCCL's lines "
