@@ -56,6 +56,9 @@ class ModelSection(_Strict):
     hf_config: str | None = Field(None, description="Path to a HuggingFace config.json (relative to the scenario).")
     seq_len: int | None = Field(None, ge=1, description="Training sequence length in tokens; required with "
                                 "hf_config (never the config's maximum context); a preset's own otherwise.")
+    tied_embeddings: bool | None = Field(None, description="The output layer shares the input embedding matrix "
+                                         "(default: the preset's, or hf_config's tie_word_embeddings); with pp > 1 "
+                                         "its gradient is all-reduced between the first and the last stage.")
     overrides: dict[str, Any] = Field(default_factory=dict, description="ModelSpec fields to change, e.g. seq_len.")
 
 
@@ -119,8 +122,32 @@ class JobSection(_Strict):
     micro_batches: int = Field(description="Micro-batches per pipeline per iteration.")
     micro_batch_size: int = Field(_JOB["micro_batch_size"], description="Sequences per micro-batch.")
     mfu: float = Field(_JOB["mfu"], description="Fraction of peak FLOP/s achieved by compute.")
-    zero: bool = Field(_JOB["zero"], description="Data parallel sync as reduce-scatter + all-gather (ZeRO).")
-    dp_buckets: int = Field(SCENARIO_DP_BUCKETS, description="Gradient buckets overlapping the last backward.")
+    distributed_optimizer: bool | None = Field(
+        _JOB["distributed_optimizer"], description="Megatron's distributed optimizer (ZeRO-1): gradients "
+        "reduce-scattered, parameters all-gathered after the step. Off by default, as Megatron's "
+        "--use-distributed-optimizer (megatron/training/arguments.py).")
+    zero: bool | None = Field(_JOB["zero"], description="The old spelling of distributed_optimizer (still read; "
+                              "both given and different is an error).")
+    overlap_grad_reduce: bool = Field(_JOB["overlap_grad_reduce"], description="Launch gradient buckets during "
+                                      "the last backward (dp_buckets of them) instead of one bucket after it. Off "
+                                      "by default, as Megatron's --overlap-grad-reduce.")
+    overlap_param_gather: bool = Field(_JOB["overlap_param_gather"], description="Run the distributed optimizer's "
+                                       "parameter all-gathers behind the next forward instead of after the step "
+                                       "(needs distributed_optimizer and overlap_grad_reduce). Off by default, as "
+                                       "Megatron's --overlap-param-gather.")
+    sequence_parallel: bool = Field(_JOB["sequence_parallel"], description="Sequence parallelism: tensor-parallel "
+                                    "all-reduces become all-gather + reduce-scatter, and LayerNorm gradients are "
+                                    "all-reduced over tp after the backward. Off by default, as Megatron's "
+                                    "--sequence-parallel (ModelParallelConfig).")
+    grad_clip: float = Field(_JOB["grad_clip"], description="Gradient clipping by the global L2 norm (0: off). "
+                             "1.0 by default, as Megatron's --clip-grad; the grad-norm all-reduce runs either way "
+                             "(Megatron's ChainedOptimizer reduces the norm every step).")
+    megatron_step: bool = Field(_JOB["megatron_step"], description="Megatron's step after the last backward "
+                                "(finalize_model_grads, the optimizer step, train_step's reductions) as Megatron "
+                                "issues it; false: only the gradient buckets, all asynchronous (lightrail before "
+                                "it modelled the step, for comparison).")
+    dp_buckets: int = Field(SCENARIO_DP_BUCKETS, description="Gradient buckets launched during the last backward "
+                            "with overlap_grad_reduce (without it Megatron reduces one bucket per buffer).")
     grad_bytes: int = Field(_JOB["grad_bytes"], description="Bytes per gradient element in the sync (2 = bf16).")
     schedule: Literal["1f1b", "gpipe"] = Field(_JOB["schedule"].value, description="Pipeline schedule: 1F1B (Megatron) "
                                                "or GPipe (all forwards, then all backwards).")
@@ -348,6 +375,8 @@ def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:
                           fix=e.fix) from None
     if spec.seq_len is not None:
         model = model.with_(seq_len=spec.seq_len)
+    if spec.tied_embeddings is not None:
+        model = model.with_(tied_embeddings=spec.tied_embeddings)
     try:
         return model.with_(**spec.overrides) if spec.overrides else model
     except TypeError as e:

@@ -77,7 +77,9 @@ def test_a_data_parallel_only_job_never_reconfigures():
     for params in (ORIGINAL, LIGHTRAIL, replace(LIGHTRAIL, mode="on_demand")):
         r = run(b, delay=50e-3, params=params)
         assert r.reconfigurations_per_rail == [0] * 8
-        assert r.reconfiguration_s == 0
+        # the step's loss all-reduce is a second DP-phase op: its check-in splits into control and circuit wait
+        # with a rounding of ~1e-16 s (no switch happens: reconfigurations_per_rail above)
+        assert r.reconfiguration_s == pytest.approx(0, abs=1e-15)
         ideal = run(b, kind="ideal", params=params).iteration_time_s
         assert run(b, delay=50e-3, params=params, control=(0.0, 0.0)).iteration_time_s == pytest.approx(ideal)
         if params.leases:  # the lease outlives the iteration: no round trip in steady state
@@ -148,7 +150,7 @@ def tiny_serial_job():
     """Two one-GPU servers per stage, two stages, one micro-batch: every op is on the critical path."""
     return built(model={"preset": "debug", "overrides": {"layers": 2}},
                  cluster={"gpus": 4, "gpus_per_server": 1, "gpu": "h100"},
-                 parallel={"pp": 2, "dp": 2}, job={"micro_batches": 1, "dp_buckets": 1})
+                 parallel={"pp": 2, "dp": 2}, job={"micro_batches": 1, "dp_buckets": 1, "megatron_step": False})
 
 
 def test_exposed_reconfigurations_in_a_serial_job_by_hand():
@@ -184,15 +186,17 @@ def test_serial_job_on_electrical_rails_sums_its_ops():
 
 
 def test_whole_switch_reconfiguration_counts_a_switch_per_phase_change():
-    r = run(JOBS["opus16"], params=ORIGINAL)
-    lightrail = run(JOBS["opus16"], params=LIGHTRAIL)
+    b = JOBS["opus16"]
+    b = replace(b, job=replace(b.job, megatron_step=False))  # the buckets overlapping the backward, as derived here
+    r = run(b, params=ORIGINAL)
+    lightrail = run(b, params=LIGHTRAIL)
     assert min(r.reconfigurations_per_rail) > 0
     assert r.reconfigurations_per_rail == [4] * 4  # fwd pp, dp, bwd pp, dp: a switch per phase change
     assert lightrail.reconfigurations_per_rail == [3] * 4  # the deferred dp is one phase
     # Deferring the gradient buckets costs time here: the four buckets of one communicator run one after
     # another (NCCL's stream), exposed after the last send, where ORIGINAL hides them behind the backward.
     # (lightrail counted them as overlapping for free before, and won by 0.1%; now it loses by 1.3%.)
-    no_defer = run(JOBS["opus16"], params=replace(LIGHTRAIL, defer_dp=False))
+    no_defer = run(b, params=replace(LIGHTRAIL, defer_dp=False))
     assert no_defer.iteration_time_s < lightrail.iteration_time_s
 
 

@@ -39,7 +39,9 @@ def opus_testbed(**job):
 def test_pp2_forward_and_backward_are_one_configuration_on_every_rail():
     """Opus's testbed layout: a stage pair's forward and backward circuits form one matching per rail."""
     lay = Layout.from_degrees(16, tp=4, pp=2, dp=2, gpus_per_server=4)
-    for plan in (runtime_plan(lay), OpusPlanner(lay, ORIGINAL).plan(build_program(opus_testbed().job))):
+    # megatron_step off: the phases of the pipeline and the gradient buckets alone (the step adds tp+pp)
+    program = build_program(opus_testbed(megatron_step=False).job)
+    for plan in (runtime_plan(lay), OpusPlanner(lay, ORIGINAL).plan(program)):
         assert plan.phases == {"pp": ("pp",), "dp": ("dp",)} or plan.phases == {"dp": ("dp",), "pp": ("pp",)}
         pp = plan.configurations["pp"]
         # servers 0,1 hold stage 0 (dp 0, 1), servers 2,3 stage 1: each server talks to its pair both ways
@@ -64,8 +66,9 @@ def test_a_middle_stage_of_pp4_splits_the_pipeline_phase_into_forward_and_backwa
 
 def test_the_published_policy_no_longer_reconfigures_per_micro_batch_on_the_testbed():
     """2m+1 switches per iteration came from naming forward and backward as two phases; as Opus defines
-    phases there is one PP configuration, so a rail changes only between the PP and DP phases."""
-    b = opus_testbed()
+    phases there is one PP configuration, so a rail changes only between the PP and DP phases (the gradient buckets
+    overlapping the backward, without Megatron's step after it)."""
+    b = opus_testbed(megatron_step=False)
     for mode in ("on_demand", "provisioned"):
         r = simulate_iteration(build_program(b.job), b.fabric, replace(ORIGINAL, mode=mode))
         assert r.reconfigurations_per_rail == [4] * 4  # (pp -> dp, dp -> pp) per stage... on every rail
@@ -191,7 +194,8 @@ def test_provisioned_learns_at_the_release_and_pays_the_controller_before_switch
     phases it saves nothing, and it never loses."""
     b = parse_scenario({"name": "t", "model": {"preset": "debug", "overrides": {"layers": 2}},
                         "cluster": {"gpus": 4, "gpus_per_server": 1, "gpu": "h100"},
-                        "parallel": {"pp": 2, "dp": 2}, "job": {"micro_batches": 1, "dp_buckets": 1}}).build()
+                        "parallel": {"pp": 2, "dp": 2},
+                        "job": {"micro_batches": 1, "dp_buckets": 1, "megatron_step": False}}).build()
     prog = build_program(b.job, defer_dp=True)
     params = replace(LIGHTRAIL, split_pp=False, leases=False, mode="on_demand")
     delay, rtt, cmd = 5e-3, 1e-3, 2e-3
@@ -222,7 +226,7 @@ def test_trace_shows_control_round_trips_as_their_own_slices():
 
 
 def test_leases_cut_round_trips_to_phase_changes():
-    b = opus_testbed()
+    b = opus_testbed(megatron_step=False)  # two phases, pp and dp (the step adds tp+pp)
     prog = build_program(b.job, defer_dp=True)
     per_op = simulate_iteration(prog, b.fabric, replace(LIGHTRAIL, leases=False))
     leased = simulate_iteration(prog, b.fabric, LIGHTRAIL)

@@ -26,7 +26,8 @@ def test_the_default_scenarios_trace_draws_every_slice_on_a_track_of_its_own(pol
 
     params = {"lightrail": LIGHTRAIL, "original": ORIGINAL}[policy]
     built = parse_scenario({**DEFAULT_SCENARIO, "parallel": {"tp": 8, "pp": 4, "dp": 2},
-                            "cluster": {**DEFAULT_SCENARIO["cluster"], "gpus": 64}}).build()
+                            "cluster": {**DEFAULT_SCENARIO["cluster"], "gpus": 64},
+                            "job": {**DEFAULT_SCENARIO["job"], "overlap_grad_reduce": True}}).build()
     result = simulate_iteration(build_program(built.job, defer_dp=params.defer_dp), built.fabric, params)
     trace = chrome_trace(result, built.job.layout)
     assert misdrawn(trace) == []

@@ -47,7 +47,8 @@ def job(model: ModelSpec = SMALL, layout: Layout | None = None, **kw) -> Trainin
 
 
 def is_dp(op) -> bool:
-    return isinstance(op, CollectiveOp) and op.dim is Dim.DP
+    """A gradient bucket or a parameter all-gather (the step's loss all-reduce is on dp too, labelled loss)."""
+    return isinstance(op, CollectiveOp) and op.dim is Dim.DP and op.label.startswith("dp ")
 
 
 def computes(ops) -> list[ComputeOp]:
@@ -391,16 +392,25 @@ def test_tp_and_pp_bytes():
 @pytest.mark.parametrize("grad_bytes", [2, 4])
 def test_dp_bytes_are_the_stage_gradients(tied, buckets, grad_bytes):
     model = SMALL.with_(tied_embeddings=tied)
-    prog = build_program(job(model, dp_buckets=buckets, grad_bytes=grad_bytes))
-    # embedding first; final norm and (untied) output projection last
-    params = [2 * LAYER + EMBED, 2 * LAYER + SMALL.hidden + (0 if tied else EMBED)]
+    prog = build_program(job(model, dp_buckets=buckets, grad_bytes=grad_bytes, overlap_grad_reduce=True))
+    # embedding first; final norm and output projection last: with pp 2 a tied output layer is the last stage's own
+    # copy of the embedding (Megatron's GPTModel), whose gradient the embedding group all-reduces
+    params = [2 * LAYER + EMBED, 2 * LAYER + SMALL.hidden + EMBED]
     for s, ops in enumerate(prog.stages):
         total = params[s] // 2 * grad_bytes                          # tp = 2 shards every weight
         dp = [op for op in ops if is_dp(op)]
         assert [op.label for op in dp] == [f"dp bucket {k}" for k in range(buckets)]
-        assert all(op.kind == "allreduce" and op.asynchronous and op.count == 1 for op in dp)
+        assert all(op.kind == "allreduce" and op.count == 1 for op in dp)
+        # finalize_model_grads waits for the last bucket: it is launched synchronously
+        assert [op.asynchronous for op in dp] == [True] * (buckets - 1) + [False]
         assert [op.nbytes for op in dp] == pytest.approx([total / buckets] * buckets)
         assert sum(op.nbytes for op in dp) == pytest.approx(total)
+    # without overlap_grad_reduce (Megatron's default) one bucket per buffer, whatever dp_buckets says
+    plain = build_program(job(model, dp_buckets=buckets, grad_bytes=grad_bytes))
+    for s, ops in enumerate(plain.stages):
+        dp = [op for op in ops if is_dp(op)]
+        assert [(op.label, op.nbytes, op.asynchronous) for op in dp] == [("dp bucket 0", params[s] // 2 * grad_bytes,
+                                                                          False)]
 
 
 def test_dp_bytes_hand_figure():
@@ -409,16 +419,19 @@ def test_dp_bytes_hand_figure():
 
 
 @pytest.mark.parametrize("buckets", [1, 4])
-def test_zero_reduce_scatters_each_bucket_and_gathers_once(buckets):
-    prog = build_program(job(zero=True, dp_buckets=buckets))
+def test_zero_reduce_scatters_each_bucket_and_gathers_each_after_the_step(buckets):
+    prog = build_program(job(zero=True, dp_buckets=buckets, overlap_grad_reduce=True))
     for s, ops in enumerate(prog.stages):
         total = (2 * LAYER + EMBED + s * SMALL.hidden) // 2 * 2
         dp = [op for op in ops if is_dp(op)]
-        assert [op.kind for op in dp] == ["reducescatter"] * buckets + ["allgather"]
-        assert [op.nbytes for op in dp[:-1]] == pytest.approx([total / buckets] * buckets)
-        assert all(op.asynchronous for op in dp[:-1])
-        assert dp[-1].nbytes == total and not dp[-1].asynchronous
-        assert ops[-1] == dp[-1]  # the parameters come back after everything else
+        assert [op.kind for op in dp] == ["reducescatter"] * buckets + ["allgather"] * buckets
+        assert [op.nbytes for op in dp] == pytest.approx([total / buckets] * 2 * buckets)
+        assert [op.asynchronous for op in dp] == [True] * (buckets - 1) + [False] * (buckets + 1)
+        # the parameters come back after the optimizer's grad norm, before train_step's reductions
+        gather = ops.index(dp[buckets])
+        assert ops[gather - 1].megatron == "get_grad_norm_fp32"
+        assert [op.megatron for op in ops[gather + buckets:gather + buckets + 2]] == [
+            "logical_and_across_model_parallel_group", "reduce_max_stat_across_model_parallel_group"]
 
 
 def test_no_dp_sync_without_data_parallelism():
@@ -466,7 +479,7 @@ def test_ep_alltoall_per_micro_batch(dense_layers, moe_per_stage):
 @pytest.mark.parametrize("buckets", [1, 4])
 def test_compute_seconds_by_roofline(mfu, buckets):
     m = 4
-    prog = build_program(job(mfu=mfu, micro_batches=m, dp_buckets=buckets))
+    prog = build_program(job(mfu=mfu, micro_batches=m, dp_buckets=buckets, overlap_grad_reduce=True))
     flops = [2 * LAYER_FLOPS, 2 * LAYER_FLOPS + LOGITS_FLOPS]         # logits on the last stage
     assert flops == [sum(SMALL.layer_flops(i, TOKENS) for i in range(2)),
                      sum(SMALL.layer_flops(i, TOKENS) for i in range(2, 4)) + SMALL.logits_flops(TOKENS)]
@@ -503,19 +516,23 @@ def test_micro_batch_size_scales_tokens():
 @pytest.mark.parametrize(("world", "pp"), [(8, 2), (16, 4)])
 def test_defer_dp_moves_the_sync_after_the_last_send(zero, world, pp):
     lay = Layout.from_degrees(world, tp=2, dp=2, pp=pp, gpus_per_server=4)
-    j = job(layout=lay, micro_batches=5, zero=zero, dp_buckets=3)
+    j = job(layout=lay, micro_batches=5, zero=zero, dp_buckets=3, overlap_grad_reduce=True)
     eager, deferred = build_program(j), build_program(j, defer_dp=True)
     assert (eager.notes["defer_dp"], deferred.notes["defer_dp"]) == (False, True)
     for s, (a, b) in enumerate(zip(eager.stages, deferred.stages, strict=True)):
         assert Counter(a) == Counter(b)                                    # same ops
         assert [op for op in a if not is_dp(op)] == [op for op in b if not is_dp(op)]
         assert [op for op in a if is_dp(op)] == [op for op in b if is_dp(op)]
-        n_dp = sum(map(is_dp, b))
-        assert n_dp == 3 + zero
-        assert all(map(is_dp, b[-n_dp:]))                                  # a closing phase of its own
+        buckets = [i for i, op in enumerate(b) if is_dp(op) and op.label.startswith("dp bucket")]
+        assert len(buckets) == 3 and sum(map(is_dp, b)) == 3 + 3 * zero  # with zero, a gather per bucket
+        assert buckets == list(range(buckets[0], buckets[0] + 3))          # a closing phase of its own
+        step = [op.megatron for op in b[buckets[-1] + 1:]]                 # then Megatron's step
+        assert step[0] == "get_grad_norm_fp32"
+        last_op = "train_step.loss_reduced" if s == lay.pp - 1 else "reduce_max_stat_across_model_parallel_group"
+        assert step[-1] == last_op
         last_send = max(i for i, op in enumerate(b) if isinstance(op, SendOp))
-        assert min(i for i, op in enumerate(b) if is_dp(op)) > last_send
-        assert all(op.asynchronous for op in b if is_dp(op) and op.label.startswith("dp bucket"))
+        assert buckets[0] > last_send
+        assert [b[i].asynchronous for i in buckets] == [True, True, False]  # finalize_model_grads waits for the last
         if s > 0:  # by default the buckets overlap the last backward, ahead of its gradient send
             first_dp = min(i for i, op in enumerate(a) if is_dp(op))
             assert first_dp < max(i for i, op in enumerate(a) if isinstance(op, SendOp))

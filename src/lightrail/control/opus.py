@@ -4,7 +4,10 @@ Every rail of a rail-optimized cluster is an optical circuit switch whose ports 
 NICs, one per server. A circuit joins one NIC's transmitter to another NIC's receiver, so a port
 talks to one peer at a time and the rail is time-multiplexed between phases (Opus, arXiv
 2507.08119). The phase of an op is its parallelism dimension (tp, cp, ep, pp, dp), known online
-from its group, with no profiling pass.
+from its group, with no profiling pass; a group that spans the pipeline stages and more (Megatron's
+model-parallel group: the grad-norm and train-step all-reduces) is a phase of its own, ``tp+pp``, and so is the
+embedding group of the first and last stage, ``embd`` (``control.plan.phase_key``). Each stage's op of a group
+over several stages needs the circuits of what its own ranks send.
 
 Circuits of an op follow from its traffic (``control/plan.py``: PXN, a transfer crosses the rail of
 its destination GPU); a collective's traffic is the schedule of its algorithm (``CollectiveOp.algorithm``,
@@ -40,7 +43,7 @@ import numpy as np
 
 from lightrail.collectives import resolve
 from lightrail.collectives.compressed import compressed_form, step_traffic
-from lightrail.control.plan import NO_CIRCUITS, Circuits, Mode, Plan, is_matching, rail_circuits, union
+from lightrail.control.plan import NO_CIRCUITS, Circuits, Mode, Plan, is_matching, phase_key, rail_circuits, union
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.workload.parallel import Dim, Layout
 from lightrail.workload.program import CollectiveOp, CommOp, Program, SendOp
@@ -125,7 +128,7 @@ class OpusPlanner:
             case CollectiveOp(kind=kind, algorithm=algorithm):
                 return (op.group_dims, kind, algorithm, 0, stage)
             case SendOp(offset=offset):
-                return (op.group_dims, "send", None, offset, stage)
+                return (op.group_dims, "send", phase_key(op), offset, stage)
         raise TypeError(f"{op!r} is not a communication op")
 
     def requirements(self, op: CommOp, stage: int) -> tuple[Requirement, ...]:
@@ -154,13 +157,16 @@ class OpusPlanner:
         rails = None
         if self.params.split_pp and lay.gpus_per_server > 1:
             rails = np.arange(0 if op.offset > 0 else 1, lay.gpus_per_server, 2)
-        return [(op.dim.value, ((src, dst),), rail_circuits(lay, src, dst, rails))]
+        return [(phase_key(op), ((src, dst),), rail_circuits(lay, src, dst, rails))]
 
     def _collective_parts(self, op: CollectiveOp, stage: int) -> list[tuple[str, tuple, Circuits]]:
         lay = self.layout
-        phase = op.dim.value
+        phase = phase_key(op)
+        stage_size = lay.world // lay.pp
         groups = lay.groups_over(op.group_dims)
-        groups = groups[(groups[:, 0] // (lay.world // lay.pp)) == stage]
+        across = Dim.PP in op.group_dims and lay.pp > 1
+        if not across:
+            groups = groups[(groups[:, 0] // stage_size) == stage]
         k = groups.shape[1]
         algorithm = resolve(op.kind, op.algorithm, k) if k > 1 else None
         schedule = None
@@ -176,7 +182,11 @@ class OpusPlanner:
         pairs: dict[int, tuple[np.ndarray, np.ndarray, bytes]] = {}
         for codes, i in zip(step_codes, ids, strict=True):
             if i not in pairs:
-                pairs[i] = (groups[:, codes // k].ravel(), groups[:, codes % k].ravel(), codes.tobytes())
+                src, dst = groups[:, codes // k].ravel(), groups[:, codes % k].ravel()
+                if across:  # a group over several stages: each stage's op moves what its own ranks send
+                    mine = src // stage_size == stage
+                    src, dst = src[mine], dst[mine]
+                pairs[i] = (src, dst, codes.tobytes())
             src, dst, key = pairs[i]
             if key != last_key:
                 step_circuits = rail_circuits(lay, src, dst)
@@ -200,7 +210,7 @@ class OpusPlanner:
         order: dict[str, list[tuple]] = {}
         for stage, op in _comm_ops(program):
             key = self._key(op, stage)
-            keys = order.setdefault(op.dim.value, [])
+            keys = order.setdefault(phase_key(op), [])
             if key not in keys:
                 keys.append(key)
                 self._cache.setdefault(key, tuple(Requirement(*p) for p in self._parts(op, stage)))

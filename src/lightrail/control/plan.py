@@ -8,7 +8,9 @@ a job; the executors only look it up.
   crosses the rail of its destination GPU (NCCL's PXN: NVLink to the GPU on the right rail first),
   so it needs the circuit (rail of dst, server of src -> server of dst).
 - **A phase is a parallelism dimension** (tp, cp, ep, pp, dp), as Opus defines it (arXiv
-  2507.08119, section 4): its configuration on a rail is the union of the circuits its ops need,
+  2507.08119, section 4), or (:func:`phase_key`) a group that spans the pipeline stages and more (Megatron's
+  model-parallel group, ``tp+pp``) or the embedding group of the first and last stage (``embd``): its
+  configuration on a rail is the union of the circuits its ops need,
   whenever that union is a partial permutation of the rail's ports. Only when it is not (a middle
   pipeline stage whose two neighbours need the same transmitter, an all-to-all across servers) is
   the phase split into matchings (:func:`split_into_matchings`): first-fit over the requirements in
@@ -31,7 +33,8 @@ from lightrail.defaults import Mode
 from lightrail.errors import InfeasibleError
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["Mode", "Circuits", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan", "runtime_plan"]
+__all__ = ["Mode", "Circuits", "phase_key", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan",
+           "runtime_plan"]
 
 
 # Mode (on-demand / provisioned) lives in lightrail.defaults, so the CLI shows it without importing numpy;
@@ -42,6 +45,29 @@ Circuits = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Circuits as parallel arrays ``(rail, tx_server, rx_server)``."""
 
 NO_CIRCUITS: Circuits = (np.zeros(0, np.int64),) * 3
+
+
+def phase_key(op) -> str:
+    """The phase of a communication op (anything with ``dim`` and ``group_dims``, and maybe ``phase``): the
+    op's own ``phase`` if it names one (``"embd"``, the first and last stage's exchange); the dimensions of its
+    group joined by ``+`` when the group spans pipeline stages and more (Megatron's model-parallel group
+    ``"tp+pp"``, the distributed optimizer's whole world ``"tp+cp+ep+dp+pp"``): its ring crosses the stages'
+    servers, wrapping from the last to the first, a pattern of its own; otherwise its dimension (Opus's phases,
+    gradient buckets over cp x ep x dp replicas included, which stay inside a stage).
+
+    >>> from lightrail.workload.program import CollectiveOp
+    >>> phase_key(CollectiveOp(Dim.PP, "allreduce", 4, "grad norm", span=(Dim.TP, Dim.PP)))
+    'tp+pp'
+    >>> phase_key(CollectiveOp(Dim.DP, "allreduce", 4, "dp bucket 0", span=(Dim.CP, Dim.EP, Dim.DP)))
+    'dp'
+    """
+    named = getattr(op, "phase", "")
+    if named:
+        return named
+    dims = tuple(op.group_dims)
+    if len(dims) > 1 and Dim.PP in dims:
+        return "+".join(Dim(d).value for d in dims)
+    return op.dim.value
 
 
 def _unique(layout: Layout, rail, tx, rx) -> Circuits:

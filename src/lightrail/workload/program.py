@@ -2,7 +2,8 @@
 
 Built in named passes (torchtitan's habit): the job is checked, per-micro-batch costs are
 derived from the model (FLOPs through a roofline, bytes per collective), then the 1F1B order
-of each stage is laid out, and the data-parallel gradient sync closes the iteration.
+of each stage is laid out, and Megatron-LM's step closes the iteration (:mod:`lightrail.workload.megatron`):
+the data-parallel gradient sync, the rest of ``finalize_model_grads``, the optimizer step and the loss.
 
 All ranks of a pipeline stage run the same op sequence (they differ only in which group of each
 dimension they belong to), so a Program stores one op list per stage; ``ops_for_rank`` gives a
@@ -15,9 +16,13 @@ Bytes per op (Megatron-LM conventions, bf16 unless the model says otherwise):
 - ep: dispatch and combine all-to-alls of the routed tokens per MoE layer, both ways;
 - pp: each rank sends its 1/tp share of the stage-boundary activation (scatter-gather), and the
   same for the gradient backward;
-- dp: the stage's gradients (its parameters / tp), all-reduced or, with ``zero``, reduce-scattered
-  then all-gathered; split into ``dp_buckets`` buckets launched as the last backward proceeds.
+- dp: the stage's gradients (its parameters / tp), all-reduced or, with the distributed optimizer,
+  reduce-scattered, the parameters all-gathered after the step; with ``overlap_grad_reduce`` split into
+  ``dp_buckets`` buckets launched as the last backward proceeds, else one bucket after it (Megatron's default).
   Dense gradients are reduced over all their replicas (cp x ep x dp), expert gradients over cp x dp.
+
+Every communication op carries the name of the Megatron-LM function that issues it (``megatron``), which
+``Program.op_counts`` counts by.
 """
 
 from __future__ import annotations
@@ -25,12 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
-from math import prod
 from typing import ClassVar, Protocol
 
 from lightrail.collectives.collective import Kind
 from lightrail.collectives.registry import AUTO, parse_kind
-from lightrail.errors import InfeasibleError
+from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.workload.hardware import GPU, compute_seconds
 from lightrail.workload.model import ModelSpec
 from lightrail.workload.parallel import Dim, Layout
@@ -41,9 +45,9 @@ __all__ = ["stage_layer_counts", "ComputeOp", "CollectiveOp", "SendOp", "RecvOp"
 MFU = 0.4
 """Model FLOPs utilisation assumed when a job gives none: large dense training runs report 0.3-0.5."""
 SCENARIO_DP_BUCKETS = 4
-"""Gradient buckets of a scenario file that gives none: a scenario describes a realistic job, whose sync
-overlaps the last backward (as DDP and Megatron buckets do). A bare :class:`TrainingJob` keeps one bucket,
-the plainest program (one sync per replica group), whose op counts the workload tests pin."""
+"""Gradient buckets of a scenario file that gives none, used with ``overlap_grad_reduce`` (as DDP and Megatron
+buckets overlap the last backward). A bare :class:`TrainingJob` keeps one bucket, the plainest program (one sync
+per replica group), whose op counts the workload tests pin."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class CollectiveOp:
     algorithm: str = AUTO
     """A registered algorithm of ``kind`` (``lightrail algorithms``), or ``"auto"``: the registry's choice
     (``collectives.registry.resolve``)."""
+    megatron: str = field(default="", compare=False)
+    """The Megatron-LM function that issues it (``start_grad_sync``, ``get_grad_norm_fp32``, ...)."""
 
     def __post_init__(self):
         object.__setattr__(self, "kind", parse_kind(self.kind))
@@ -90,6 +96,11 @@ class SendOp:
     nbytes: float
     label: str
     dim: Dim = Dim.PP
+    phase: str = ""
+    """The plan's phase when it is not the dimension's: ``"embd"`` for the exchange between the first and the
+    last stage that all-reduces tied word-embedding gradients (Megatron's embedding group)."""
+    megatron: str = field(default="", compare=False)
+    """The Megatron-LM function that issues it (``send_forward``, ``send_backward``, ...)."""
     count: ClassVar[int] = 1
     asynchronous: ClassVar[bool] = False
 
@@ -184,11 +195,37 @@ class TrainingJob:
     """Sequences per micro-batch."""
     mfu: float = MFU
     """Achieved fraction of peak FLOP/s for compute (roofline)."""
-    zero: bool = False
-    """Data parallelism as ZeRO-style reduce-scatter + all-gather instead of all-reduce."""
+    distributed_optimizer: bool | None = None
+    """Megatron's distributed optimizer (ZeRO-1; ``--use-distributed-optimizer``, off by default): gradients are
+    reduce-scattered instead of all-reduced, each rank steps its shard, and the parameters are all-gathered after
+    the step. None: as ``zero`` says, else off."""
+    zero: bool | None = None
+    """The old spelling of ``distributed_optimizer``, still read; giving both with different values is an error.
+    Both hold the same value once the job is built."""
+    overlap_grad_reduce: bool = False
+    """Megatron's ``--overlap-grad-reduce`` (off by default): gradient buckets are launched as the last backward
+    proceeds and ``finalize_model_grads`` waits for them; off, the gradients are one bucket per buffer
+    (``DistributedDataParallel`` sets ``bucket_size`` None) reduced after the last backward."""
+    overlap_param_gather: bool = False
+    """Megatron's ``--overlap-param-gather`` (off by default; needs the distributed optimizer and
+    ``overlap_grad_reduce``): the parameter all-gathers run behind the next forward instead of after the step."""
+    sequence_parallel: bool = False
+    """Megatron's ``--sequence-parallel`` (off by default; without tensor parallelism Megatron turns it off):
+    tensor-parallel all-reduces become all-gather + reduce-scatter, and the replicated LayerNorm and router
+    gradients are all-reduced over tp in ``finalize_model_grads``."""
+    grad_clip: float = 1.0
+    """Megatron's ``--clip-grad`` (1.0 by default; 0 turns clipping off). Clipping scales the gradients where they
+    are by the global norm, which Megatron's ChainedOptimizer reduces every step whatever this says (for the
+    log), so it adds no collective: the grad-norm all-reduce is in the program either way."""
+    megatron_step: bool = True
+    """Megatron's step after the last backward as Megatron issues it (:mod:`lightrail.workload.megatron`). False:
+    lightrail's program before it modelled the step (issue 29), for comparisons and for tests about other things:
+    ``dp_buckets`` asynchronous buckets during the last backward whatever ``overlap_grad_reduce`` says, and with
+    the distributed optimizer one parameter all-gather per buffer at the end; no other collective."""
     dp_buckets: int = 1
-    """Gradient buckets; bucket k is launched when k/buckets of the last backward is done (a scenario file's
-    default is :data:`SCENARIO_DP_BUCKETS`)."""
+    """Gradient buckets with ``overlap_grad_reduce``; bucket k is launched when k/buckets of the last backward is
+    done (a scenario file's default is :data:`SCENARIO_DP_BUCKETS`). Without overlap Megatron makes one bucket
+    per buffer, and this is not used."""
     grad_bytes: int = 2
     """Bytes per gradient element in the data-parallel sync (bf16)."""
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
@@ -207,6 +244,7 @@ class TrainingJob:
     embedding and the output layer, then on the next ones inwards, until the layers fit), or one count per stage."""
 
     def __post_init__(self):
+        self._check_megatron_knobs()
         m, lay = self.model, self.layout
         if isinstance(self.pipeline_layers, list):
             object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
@@ -250,6 +288,32 @@ class TrainingJob:
                 raise InfeasibleError(message, field=fld, fix=fix)
         object.__setattr__(self, "schedule", PipelineSchedule(self.schedule))
 
+    def _check_megatron_knobs(self) -> None:
+        """Booleans and the clip value, ``zero`` read as the old spelling of ``distributed_optimizer``, and
+        Megatron's own refusal of ``overlap_param_gather`` without the distributed optimizer and overlapped
+        gradient reduction (``megatron/training/arguments.py``, ``validate_args``)."""
+        for name in ("distributed_optimizer", "zero", "overlap_grad_reduce", "overlap_param_gather",
+                     "sequence_parallel", "megatron_step"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value is None and name in ("distributed_optimizer", "zero")):
+                raise ScenarioError(f"{value!r} is not a boolean", field=f"job.{name}", fix="use true or false")
+        new, old = self.distributed_optimizer, self.zero
+        if new is not None and old is not None and new != old:
+            raise ScenarioError(f"zero: {str(old).lower()} (the old spelling of distributed_optimizer) disagrees "
+                                f"with distributed_optimizer: {str(new).lower()}", field="job.zero",
+                                fix="give only distributed_optimizer")
+        resolved = bool(new if new is not None else old)
+        object.__setattr__(self, "distributed_optimizer", resolved)
+        object.__setattr__(self, "zero", resolved)
+        clip = self.grad_clip
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0 or clip == float("inf"):
+            raise ScenarioError(f"{clip!r} is not a finite number >= 0", field="job.grad_clip",
+                                fix="e.g. 1.0 (Megatron's --clip-grad), or 0 for no clipping")
+        if self.overlap_param_gather and not (self.distributed_optimizer and self.overlap_grad_reduce):
+            missing = "distributed_optimizer" if not self.distributed_optimizer else "overlap_grad_reduce"
+            raise ScenarioError(f"overlap_param_gather needs {missing} (Megatron refuses it without)",
+                                field="job.overlap_param_gather", fix=f"set {missing}: true, or drop it")
+
     @property
     def tokens_per_rank(self) -> int:
         """Tokens one rank processes per micro-batch (its context-parallel share of the sequences)."""
@@ -276,8 +340,19 @@ class TrainingJob:
         if stage == 0:
             dense += m.vocab * m.hidden
         if stage == lay.pp - 1:
-            dense += m.hidden + (0 if m.tied_embeddings else m.vocab * m.hidden)  # final norm, output layer
+            # Final norm and output layer; a tied output layer is the input embedding itself on one stage, and
+            # its own copy on the last of several (Megatron's GPTModel: the copy's gradient is all-reduced with
+            # the first stage's by _allreduce_word_embedding_grads).
+            dense += m.hidden + (0 if m.tied_embeddings and lay.pp == 1 else m.vocab * m.hidden)
         return dense // lay.tp, expert // (lay.tp * lay.ep)
+
+    def stage_norm_params(self, stage: int) -> int:
+        """Weights of a stage that every tp rank holds whole: the norms of its layers (two each), the routers of
+        its MoE layers, and the final norm on the last stage; what sequence parallelism all-reduces over tp
+        (Megatron marks them ``sequence_parallel``)."""
+        m = self.model
+        norms = sum(2 * m.hidden + (m.hidden * m.experts if m.is_moe_layer(i) else 0) for i in self.stage_layers(stage))
+        return norms + (m.hidden if stage == self.layout.pp - 1 else 0)
 
 
 @dataclass(frozen=True)
@@ -295,6 +370,31 @@ class Program:
 
     def count(self, kind: type) -> int:
         return sum(isinstance(op, kind) for ops in self.stages for op in ops)
+
+    def op_counts(self) -> dict[str, dict[str, int]]:
+        """Communication calls per iteration of one rank of each stage, summed over the stages (a collective's
+        ``count`` expanded; a send and its receive are one call): ``by_dim``, keyed by the dimensions of the
+        op's group with degree > 1 joined by ``+`` (``dp``, ``cp+dp``, ``tp+pp``), and ``by_name``, keyed by
+        the Megatron-LM function that issues it.
+
+        >>> from lightrail.workload import GPUS, preset
+        >>> job = TrainingJob(model=preset("debug"), layout=Layout.from_degrees(8, tp=2, pp=2, gpus_per_server=4),
+        ...                   gpu=GPUS["h100"], micro_batches=1)
+        >>> build_program(job).op_counts()["by_dim"]
+        {'tp': 16, 'pp': 2, 'dp': 3, 'tp+pp': 6}
+        """
+        lay = self.job.layout
+        by_dim: dict[str, int] = {}
+        by_name: dict[str, int] = {}
+        for ops in self.stages:
+            for op in ops:
+                if not isinstance(op, (CollectiveOp, SendOp)):
+                    continue
+                dims = "+".join(d.value for d in op.group_dims if lay.degree(d) > 1) or op.dim.value
+                name = op.megatron or op.label
+                by_dim[dims] = by_dim.get(dims, 0) + op.count
+                by_name[name] = by_name.get(name, 0) + op.count
+        return {"by_dim": by_dim, "by_name": by_name}
 
 
 def _stage_costs(job: TrainingJob, stage: int) -> dict:
@@ -330,17 +430,31 @@ def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward
     if backward and stage < last:
         ops.append(RecvOp(+1, f"{tag} grad"))
     ops.append(ComputeOp(costs["bwd" if backward else "fwd"], tag))
-    if lay.tp > 1:
-        ops.append(CollectiveOp(Dim.TP, Kind.ALLREDUCE, costs["tp"][0], f"{tag} tp", costs["tp"][1]))
+    if lay.tp > 1 and job.sequence_parallel:
+        # megatron/core/tensor_parallel/mappings.py: gather_from_sequence_parallel_region before each column-parallel
+        # linear and reduce_scatter_to_sequence_parallel_region after each row-parallel one (their backwards swap).
+        act, n = costs["tp"]
+        ops.append(CollectiveOp(Dim.TP, Kind.ALLGATHER, act, f"{tag} tp sp-gather", n,
+                                megatron="gather_from_sequence_parallel_region"))
+        ops.append(CollectiveOp(Dim.TP, Kind.REDUCESCATTER, act, f"{tag} tp sp-scatter", n,
+                                megatron="reduce_scatter_to_sequence_parallel_region"))
+    elif lay.tp > 1:
+        # megatron/core/tensor_parallel/mappings.py: reduce_from_tensor_model_parallel_region after each row-parallel
+        # linear forward; the backward of copy_to_tensor_model_parallel_region before each column-parallel one.
+        ops.append(CollectiveOp(Dim.TP, Kind.ALLREDUCE, costs["tp"][0], f"{tag} tp", costs["tp"][1],
+                                megatron="copy_to_tensor_model_parallel_region" if backward
+                                else "reduce_from_tensor_model_parallel_region"))
     if lay.cp > 1:
         ops.append(CollectiveOp(Dim.CP, Kind.REDUCESCATTER if backward else Kind.ALLGATHER, costs["cp"][0] * lay.cp,
-                              f"{tag} cp", costs["cp"][1]))
+                                f"{tag} cp", costs["cp"][1], megatron="TEDotProductAttention"))
     if lay.ep > 1 and costs["ep"][1]:
-        ops.append(CollectiveOp(Dim.EP, Kind.ALLTOALL, costs["ep"][0], f"{tag} ep", costs["ep"][1]))
+        ops.append(CollectiveOp(Dim.EP, Kind.ALLTOALL, costs["ep"][0], f"{tag} ep", costs["ep"][1],
+                                megatron="MoEAlltoAllTokenDispatcher"))
+    # megatron/core/pipeline_parallel/p2p_communication.py: P2PCommunicator.send_forward / send_backward
     if not backward and stage < last:
-        ops.append(SendOp(+1, costs["pp"], f"{tag} act"))
+        ops.append(SendOp(+1, costs["pp"], f"{tag} act", megatron="send_forward"))
     if backward and stage > 0:
-        ops.append(SendOp(-1, costs["pp"], f"{tag} grad"))
+        ops.append(SendOp(-1, costs["pp"], f"{tag} grad", megatron="send_backward"))
     return ops
 
 
@@ -363,40 +477,6 @@ def _one_f_one_b(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
     return order
 
 
-def _gradient_sync(job: TrainingJob, stage: int, last_backward: list[ProgramOp]) -> list[ProgramOp]:
-    """Pass 4: split the last backward into buckets and launch each bucket's sync after its part."""
-    lay = job.layout
-    dense, expert = job.stage_params(stage)
-    # Dense weights are replicated over cp, ep and dp; experts over cp and dp (each ep rank owns its own).
-    syncs = [(span, params * job.grad_bytes, tag) for span, params, tag in
-             (((Dim.CP, Dim.EP, Dim.DP), dense, "dense"), ((Dim.CP, Dim.DP), expert, "experts"))
-             if params and prod(lay.degree(d) for d in span) > 1]
-    if not syncs:
-        return last_backward
-    b = job.dp_buckets
-    compute = next(op for op in last_backward if isinstance(op, ComputeOp))
-    kind = Kind.REDUCESCATTER if job.zero else Kind.ALLREDUCE
-    ops: list[ProgramOp] = []
-    for op in last_backward:
-        if op is not compute:
-            ops.append(op)
-            continue
-        for k in range(b):
-            ops.append(ComputeOp(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
-            for span, nbytes, tag in syncs:
-                name = f"dp bucket {k}" + (f" {tag}" if len(syncs) > 1 else "")
-                ops.append(CollectiveOp(Dim.DP, kind, nbytes / b, name, asynchronous=True, span=span))
-    if job.zero:  # parameters are gathered back once the optimizer step has run on the shards
-        for span, nbytes, tag in syncs:
-            ops.append(CollectiveOp(Dim.DP, Kind.ALLGATHER, nbytes, f"dp allgather {tag}", span=span))
-    return ops
-
-
-def _is_dp(op: ProgramOp) -> bool:
-    """A gradient sync (only collectives run on the dp dimension)."""
-    return isinstance(op, CollectiveOp) and op.dim is Dim.DP
-
-
 def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
     """Compile one iteration of ``job`` (1F1B or GPipe, ``job.schedule``) into per-stage op lists.
 
@@ -409,18 +489,20 @@ def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
     >>> [type(op).__name__ for op in build_program(job).stages[0][:3]]
     ['ComputeOp', 'CollectiveOp', 'SendOp']
     """
+    from lightrail.workload import megatron  # it builds on this module's ops
+
     stages = []
     for s in range(job.layout.pp):
         costs = _stage_costs(job, s)
         order = _pipeline_order(job, s)
-        ops: list[ProgramOp] = []
+        ops: list[ProgramOp] = megatron.param_gather_behind_forward(job, s) if job.megatron_step else []
         for idx, (j, backward) in enumerate(order):
             chunk = _micro_batch_ops(job, costs, s, j, backward)
-            if idx == len(order) - 1:
-                chunk = _gradient_sync(job, s, chunk)
-                if defer_dp:
-                    dp = [op for op in chunk if _is_dp(op)]
-                    chunk = [op for op in chunk if not _is_dp(op)] + dp
+            if idx == len(order) - 1 and not job.megatron_step:
+                chunk = megatron.gradient_sync_alone(job, s, chunk, defer_dp=defer_dp)
+            elif idx == len(order) - 1:
+                chunk = megatron.last_backward(job, s, chunk, defer_dp=defer_dp)
+                chunk += megatron.step(job, s)
             ops.extend(chunk)
         stages.append(tuple(ops))
     return Program(job, tuple(stages), {"defer_dp": defer_dp})
