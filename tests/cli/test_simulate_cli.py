@@ -41,8 +41,11 @@ def test_simulate_json_has_the_promised_keys_and_consistent_values(tmp_path):
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     for key in ("iteration_time_s", "baseline_iteration_time_s", "overhead", "reconfigurations_per_iteration",
-                "power_ratio", "cost_ratio", "overhead_breakdown_s", "controller_round_trips_per_iteration"):
+                "power_ratio", "cost_ratio", "overhead_breakdown_s", "controller_round_trips_per_iteration",
+                "program_ops"):
         assert key in out
+    assert set(out["program_ops"]) == {"by_dim", "by_name"}
+    assert sum(out["program_ops"]["by_dim"].values()) == sum(out["program_ops"]["by_name"].values()) > 0
     assert out["overhead"] == pytest.approx(out["iteration_time_s"] / out["baseline_iteration_time_s"] - 1)
     # the breakdown adds up to the photonic minus the electrical iteration, for the run and every ablation row
     assert set(out["overhead_breakdown_s"]) == {"switching_delay_s", "drain_wait_s", "control_plane_s",

@@ -44,10 +44,14 @@ class JobRuns:
         self._planners: dict = {}
         self._durations: dict = {}
 
+    def program(self, defer_dp: bool):
+        """The job's program, with the gradient buckets deferred or not (built once)."""
+        if defer_dp not in self._programs:
+            self._programs[defer_dp] = build_program(self.job, defer_dp=defer_dp)
+        return self._programs[defer_dp]
+
     def __call__(self, fabric: RailFabric, params: OpusParams) -> IterationResult:
-        if params.defer_dp not in self._programs:
-            self._programs[params.defer_dp] = build_program(self.job, defer_dp=params.defer_dp)
-        program = self._programs[params.defer_dp]
+        program = self.program(params.defer_dp)
         planner = self._planners.setdefault(params, OpusPlanner(self.job.layout, params))
         key = (params.defer_dp, params.split_pp, replace(fabric, kind="photonic" if fabric.circuits else fabric.kind,
                                                          reconfig_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
@@ -155,6 +159,9 @@ class RailsComparison:
     overhead_breakdown_s: dict[str, float]
     controller_round_trips_per_iteration: float
     plan: dict
+    program_ops: dict[str, dict[str, int]]
+    """The photonic run's program: communication calls by group dimensions and by the Megatron-LM function that
+    issues them (:meth:`lightrail.workload.program.Program.op_counts`)."""
     power_ratio: float
     cost_ratio: float
     breakdown: dict[str, dict]
@@ -259,6 +266,7 @@ def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None
         overhead_breakdown_s=breakdown,
         controller_round_trips_per_iteration=photonic.controller_round_trips_per_iteration,
         plan=photonic.plan.summary() if photonic.plan is not None else {},
+        program_ops=runs.program(params.defer_dp).op_counts(),
         power_ratio=costs.power_ratio,
         cost_ratio=costs.cost_ratio,
         breakdown={name: r.summary() for name, r in
