@@ -229,3 +229,27 @@ def test_two_communicators_on_the_same_ranks_share_their_links_in_the_iteration(
     assert one == pytest.approx(latency + wire, rel=1e-9)
     assert two == pytest.approx(latency + 2 * wire, rel=1e-9)  # bytes at half rate each, then each one's latency
     assert two_async_allreduces(same_communicator=False, sharing="none")[1] == pytest.approx(one, rel=1e-12)
+
+
+def test_a_collective_over_the_pipeline_starts_when_its_last_stage_arrives():
+    from lightrail.control.opus import LIGHTRAIL
+    from lightrail.fabric.params import RailFabric
+    from lightrail.scenario import parse_scenario
+    from lightrail.sim.iteration import simulate_iteration
+    from lightrail.workload.parallel import Dim
+    from lightrail.workload.program import CollectiveOp, ComputeOp, Program
+
+    built = parse_scenario({"name": "t", "model": "debug", "cluster": {"gpus": 2, "gpus_per_server": 1, "gpu": "h100"},
+                            "parallel": {"pp": 2}, "job": {"micro_batches": 1}}).build()
+    norm = CollectiveOp(Dim.PP, "allreduce", 4, "get_grad_norm_fp32", span=(Dim.TP, Dim.PP), algorithm="ring")
+    after = ComputeOp(0.5, "step")
+    fabric = RailFabric(kind="electrical", collectives="schedules")
+    alone = simulate_iteration(Program(built.job, ((norm,), (norm,))), fabric, LIGHTRAIL)
+    late = simulate_iteration(Program(built.job, ((ComputeOp(1.0, "backward"), norm, after), (norm, after))), fabric,
+                              LIGHTRAIL)
+    op = alone.iteration_time_s
+    # stage 1 waits a second for stage 0, then both run the all-reduce and the step: no one finishes earlier
+    assert [st["compute_s"] for st in late.stages] == [1.5, 0.5]
+    assert late.iteration_time_s == pytest.approx(1.0 + op + 0.5, rel=1e-9)
+    ends = {e.track: e.start + e.duration for e in late.events if e.name == "step"}
+    assert ends["stage 0"] == pytest.approx(ends["stage 1"], rel=1e-12)

@@ -13,6 +13,7 @@ from lightrail.fabric.params import RailFabric
 from lightrail.fabric.topology import NodeKind
 from lightrail.sharing import OpCost
 from lightrail.timing import Engine
+from lightrail.workload.parallel import Dim
 from lightrail.workload.program import CollectiveOp, CommOp, Program, SendOp
 
 __all__ = ["OpDurations"]
@@ -64,6 +65,8 @@ class OpDurations:
         match op:
             case CollectiveOp(kind=kind, algorithm=algorithm, nbytes=nbytes):
                 shape = ("collective", op.group_dims, kind, algorithm, nbytes, part)
+                if Dim.PP in op.group_dims and req.steps:  # each stage's share crosses other stages' links
+                    shape += (int(np.min(req.steps[0][0])) // max(self.layout.world // self.layout.pp, 1),)
                 per_transfer = nbytes / prod(self.layout.degree(d) for d in op.group_dims)  # one chunk
             case SendOp(offset=offset, nbytes=nbytes):
                 shape = ("send", op.group_dims, offset, nbytes, part)

@@ -50,6 +50,7 @@ from lightrail.fabric.circuits import CircuitState
 from lightrail.fabric.params import RailFabric
 from lightrail.sharing import FairShare
 from lightrail.sim.durations import OpDurations
+from lightrail.workload.parallel import Dim
 from lightrail.workload.program import CollectiveOp, CommOp, ComputeOp, Program, RecvOp, SendOp
 
 __all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration"]
@@ -241,6 +242,8 @@ class _Iteration:
         self.waiting: dict[tuple[int, int], tuple[int, float]] = {}  # (from, to) -> (stage blocked, since when)
         self.streams: dict[tuple, deque] = {}
         """Per communicator (stage, group dimensions): its ops in issue order, the first one running."""
+        self.issued: dict[tuple, int] = {}  # (stage, label, group dims) -> how many such ops the stage issued
+        self.gathering: dict[tuple, list] = {}  # a collective over stages -> the processes waiting for the rest
         self.finish = [start] * stages
         self.async_end = start
         self.totals = [_StageTotals() for _ in range(stages)]
@@ -348,6 +351,8 @@ class _Simulation:
             return
         if what == "at":
             it.push(arg, proc)
+        elif what == "gather":
+            it.gathering[arg].append(proc)
         else:
             self.share.start(proc, arg, t)
 
@@ -381,6 +386,8 @@ class _Simulation:
         circuit configurations, each part taken to last as long as alone); then the parts move their bytes in
         turn on the shared links, each no sooner than planned and than the previous part has ended."""
         start = yield
+        if isinstance(op, CollectiveOp) and Dim.PP in op.group_dims and self.layout.pp > 1:
+            start = yield from self._gather(it, s, op, start)
         track = f"stage {s}" if not op.asynchronous else f"stage {s} async {'+'.join(op.group_dims)}"
         totals = it.totals[s]
         leases = self.planner.params.leases
@@ -432,6 +439,20 @@ class _Simulation:
             self._deliver(it, (s, s + op.offset), now)
         if on_rails:
             self.prior[s] = max(self.prior[s], now)
+
+    def _gather(self, it: _Iteration, s: int, op: CollectiveOp, now: float) -> Generator:
+        """A collective whose group spans the pipeline's stages starts when every stage has reached it (their
+        k-th op of that label and group, matched as NCCL matches a communicator's calls): the stages that come
+        first wait, and all start when the last arrives. Yields until then; returns the start."""
+        count = (s, op.label, op.group_dims)
+        k = it.issued.get(count, 0)
+        it.issued[count] = k + 1
+        key = (op.label, op.group_dims, k)
+        if len(it.gathering.setdefault(key, [])) + 1 < self.layout.pp:
+            return (yield "gather", key)  # resumed by the last stage to arrive, at its time
+        for proc in it.gathering.pop(key):
+            it.push(now, proc)
+        return now
 
     def result(self, it: _Iteration) -> IterationResult:
         total = it.end - it.start
