@@ -13,7 +13,6 @@ from lightrail.fabric.params import RailFabric
 from lightrail.fabric.topology import NodeKind
 from lightrail.sharing import OpCost
 from lightrail.timing import Engine
-from lightrail.workload.parallel import Dim
 from lightrail.workload.program import CollectiveOp, CommOp, Program, SendOp
 
 __all__ = ["OpDurations"]
@@ -57,7 +56,8 @@ class OpDurations:
         costs = entry[-1]
         if (stage, count) not in costs:
             seconds, wire, offset, rail, cls, busy = entry[:-1]
-            ids = ((stage + offset) * self.layout.gpus_per_server + rail) * self.CLASSES + cls
+            # a share of a ring over the stages wraps from the last stage to the first: stages count modulo pp
+            ids = (((stage + offset) % self.layout.pp) * self.layout.gpus_per_server + rail) * self.CLASSES + cls
             costs[stage, count] = OpCost(seconds * count, ids, busy * count, bandwidth_s=wire * count)
         return costs[stage, count]
 
@@ -65,8 +65,6 @@ class OpDurations:
         match op:
             case CollectiveOp(kind=kind, algorithm=algorithm, nbytes=nbytes):
                 shape = ("collective", op.group_dims, kind, algorithm, nbytes, part)
-                if Dim.PP in op.group_dims and req.steps:  # each stage's share crosses other stages' links
-                    shape += (int(np.min(req.steps[0][0])) // max(self.layout.world // self.layout.pp, 1),)
                 per_transfer = nbytes / prod(self.layout.degree(d) for d in op.group_dims)  # one chunk
             case SendOp(offset=offset, nbytes=nbytes):
                 shape = ("send", op.group_dims, offset, nbytes, part)
