@@ -149,8 +149,13 @@ class JobSection(_Strict):
     dp_buckets: int = Field(SCENARIO_DP_BUCKETS, description="Gradient buckets launched during the last backward "
                             "with overlap_grad_reduce (without it Megatron reduces one bucket per buffer).")
     grad_bytes: int = Field(_JOB["grad_bytes"], description="Bytes per gradient element in the sync (2 = bf16).")
-    schedule: Literal["1f1b", "gpipe"] = Field(_JOB["schedule"].value, description="Pipeline schedule: 1F1B (Megatron) "
-                                               "or GPipe (all forwards, then all backwards).")
+    schedule: Literal["1f1b", "gpipe", "interleaved"] = Field(
+        _JOB["schedule"].value, description="Pipeline schedule: 1F1B (Megatron), GPipe (all forwards, then all "
+        "backwards), or interleaved 1F1B (Megatron's virtual pipeline stages; needs virtual_stages >= 2 and "
+        "micro_batches a multiple of pp).")
+    virtual_stages: int = Field(_JOB["virtual_stages"], description="Model chunks per pipeline stage with schedule: "
+                                "interleaved (Megatron's virtual_pipeline_model_parallel_size; each chunk holds "
+                                "layers/(pp x virtual_stages) layers); 1 for the other schedules.")
     moe_dispatch: Literal["payload", "padded"] = Field(_JOB["moe_dispatch"], description="MoE all-to-all: payload "
                                                        "(routed tokens only) or padded (every expert's capacity "
                                                        "slots, GShard).")

@@ -156,7 +156,14 @@ class OpusPlanner:
         dst = src + op.offset * lay.stride(Dim.PP)
         rails = None
         if self.params.split_pp and lay.gpus_per_server > 1:
-            rails = np.arange(0 if op.offset > 0 else 1, lay.gpus_per_server, 2)
+            # Downstream traffic on the even rails, upstream on the odd ones. With virtual pipeline stages
+            # (interleaved 1F1B) the last stage's forward wraps to stage 0 (offset -(pp - 1)) and stage 0's backward
+            # to the last stage (offset pp - 1): taken with their direction round the ring of stages, the forward
+            # circuits stay one ring per rail and the backward ones the reverse ring, one configuration as before.
+            # (pp = 2 and the embedding exchange keep the sign: there, +-(pp - 1) is also the plain neighbour.)
+            ring = lay.pp > 2 and not op.phase
+            downstream = op.offset % lay.pp == 1 if ring else op.offset > 0
+            rails = np.arange(0 if downstream else 1, lay.gpus_per_server, 2)
         return [(phase_key(op), ((src, dst),), rail_circuits(lay, src, dst, rails))]
 
     def _collective_parts(self, op: CollectiveOp, stage: int) -> list[tuple[str, tuple, Circuits]]:

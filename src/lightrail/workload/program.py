@@ -146,6 +146,10 @@ class PipelineSchedule(StrEnum):
     """PipeDream-flush, Megatron's default: warm-up forwards, then one forward and one backward in turn."""
     GPIPE = "gpipe"
     """All forwards, then all backwards from the last micro-batch down, as autograd frees them."""
+    INTERLEAVED = "interleaved"
+    """Megatron's interleaved 1F1B (virtual pipeline stages, ``forward_backward_pipelining_with_interleaving``):
+    each stage holds ``virtual_stages`` model chunks and runs 1F1B over (micro-batch, chunk) pairs, which cuts
+    the bubble by the number of chunks (Narayanan et al., SC'21, sec. 2.2.2)."""
 
 
 def stage_layer_counts(layers: int, pp: int, rule: str | tuple[int, ...] | list[int] = "even") -> list[int]:
@@ -229,7 +233,12 @@ class TrainingJob:
     grad_bytes: int = 2
     """Bytes per gradient element in the data-parallel sync (bf16)."""
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
-    """Pipeline schedule; a string (``"1f1b"``, ``"gpipe"``) is read as a PipelineSchedule."""
+    """Pipeline schedule; a string (``"1f1b"``, ``"gpipe"``, ``"interleaved"``) is read as a PipelineSchedule."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline stage with ``schedule: interleaved`` (Megatron's
+    ``virtual_pipeline_model_parallel_size``, from ``--num-layers-per-virtual-pipeline-stage``): 2 or more, each
+    chunk layers/(pp * virtual_stages) layers; stage s holds virtual stages s, s + pp, s + 2 pp, ... Other
+    schedules take 1."""
     moe_dispatch: str = "payload"
     """EP all-to-all style (MoE models): ``payload`` sends routed tokens only, ``padded`` sends every expert's
     ``capacity`` slots, full or not (GShard); bytes from :mod:`lightrail.moe.traffic`, as the MoE layer sends."""
@@ -248,6 +257,7 @@ class TrainingJob:
         m, lay = self.model, self.layout
         if isinstance(self.pipeline_layers, list):
             object.__setattr__(self, "pipeline_layers", tuple(self.pipeline_layers))
+        self._check_virtual_stages()
         counts = stage_layer_counts(m.layers, lay.pp, self.pipeline_layers)
         object.__setattr__(self, "_stage_starts", (0, *accumulate(counts)))
         checks = [
@@ -266,7 +276,7 @@ class TrainingJob:
             (self.dp_buckets >= 1, "job.dp_buckets", f"{self.dp_buckets} buckets", "use 1 or more"),
             (0 < self.mfu <= 1, "job.mfu", f"mfu={self.mfu}", f"use a fraction in (0, 1], e.g. {MFU}"),
             (self.schedule in list(PipelineSchedule), "job.schedule", f"unknown schedule {self.schedule!r}",
-             "use 1f1b or gpipe"),
+             "use 1f1b, gpipe or interleaved"),
         ]
         if self.moe_dispatch not in ("payload", "padded"):
             raise InfeasibleError(f"unknown dispatch style {self.moe_dispatch!r}", field="job.moe_dispatch",
@@ -287,6 +297,40 @@ class TrainingJob:
             if not ok:
                 raise InfeasibleError(message, field=fld, fix=fix)
         object.__setattr__(self, "schedule", PipelineSchedule(self.schedule))
+
+    def _check_virtual_stages(self) -> None:
+        """``virtual_stages`` and what Megatron asks of an interleaved job: at least two chunks (Megatron runs one
+        as plain 1F1B: arguments.py sets ``virtual_pipeline_model_parallel_size`` None), layers dividing into
+        pp x virtual_stages chunks (``validate_args``), and micro-batches a multiple of pp (a last micro-batch
+        group shorter than pp is refused by ``forward_backward_pipelining_with_interleaving``; lightrail keeps
+        Megatron's group size, pp, and asks for whole groups)."""
+        v, lay = self.virtual_stages, self.layout
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScenarioError(f"{v!r} is not a whole number >= 1", field="job.virtual_stages",
+                                fix="use 2 or more with schedule: interleaved, else 1")
+        if self.schedule != PipelineSchedule.INTERLEAVED:
+            if v != 1:
+                raise ScenarioError(f"virtual_stages={v} needs schedule: interleaved (schedule is {self.schedule})",
+                                    field="job.virtual_stages", fix="set schedule: interleaved, or drop virtual_stages")
+            return
+        if v < 2:
+            raise ScenarioError(f"the interleaved schedule needs 2 or more virtual stages, not {v} (Megatron runs "
+                                "one chunk per stage as plain 1F1B)", field="job.virtual_stages",
+                                fix="use 2 or more, or schedule: 1f1b")
+        if lay.pp < 2:
+            raise ScenarioError("the interleaved schedule needs pipeline parallelism (pp >= 2)", field="job.schedule",
+                                fix="use 1f1b, or pp >= 2")
+        if self.model.layers % (lay.pp * v):
+            raise ScenarioError(f"{self.model.layers} layers do not split into pp x virtual_stages = {lay.pp} x {v} "
+                                "chunks", field="job.virtual_stages",
+                                fix="choose virtual_stages so that pp x virtual_stages divides the layer count")
+        if self.pipeline_layers != "even":
+            raise ScenarioError(f"pipeline_layers {self.pipeline_layers!r} with the interleaved schedule: its chunks "
+                                "are even", field="job.pipeline_layers", fix="use even")
+        if isinstance(self.micro_batches, int) and self.micro_batches % lay.pp:
+            raise ScenarioError(f"{self.micro_batches} micro-batches is not a multiple of pp={lay.pp}, as Megatron's "
+                                "interleaved schedule requires", field="job.micro_batches",
+                                fix=f"use a multiple of {lay.pp}")
 
     def _check_megatron_knobs(self) -> None:
         """Booleans and the clip value, ``zero`` read as the old spelling of ``distributed_optimizer``, and
@@ -326,8 +370,20 @@ class TrainingJob:
         lay = self.layout
         return self.micro_batches * self.micro_batch_size * lay.dp * lay.ep * self.model.seq_len
 
-    def stage_layers(self, stage: int) -> range:
+    def stage_layers(self, stage: int) -> range | tuple[int, ...]:
+        """Layers held by ``stage``: a range, or with virtual stages those of each of its chunks in turn."""
+        if self.virtual_stages > 1:
+            return tuple(i for c in range(self.virtual_stages) for i in self.chunk_layers(stage, c))
         return range(self._stage_starts[stage], self._stage_starts[stage + 1])
+
+    def chunk_layers(self, stage: int, chunk: int) -> range:
+        """Layers of model chunk ``chunk`` of ``stage``: virtual stage chunk x pp + stage of pp x virtual_stages
+        (Megatron's interleaved layer assignment); the stage's layers without virtual stages."""
+        if self.virtual_stages == 1:
+            return range(self._stage_starts[stage], self._stage_starts[stage + 1])
+        per = self.model.layers // (self.layout.pp * self.virtual_stages)
+        first = (chunk * self.layout.pp + stage) * per
+        return range(first, first + per)
 
     def stage_params(self, stage: int) -> tuple[int, int]:
         """(dense, expert) parameters of a stage held by one rank (tp-sharded, experts ep-sharded)."""
@@ -397,13 +453,14 @@ class Program:
         return {"by_dim": by_dim, "by_name": by_name}
 
 
-def _stage_costs(job: TrainingJob, stage: int) -> dict:
-    """Seconds and bytes of one micro-batch on one rank of ``stage`` (pass 2)."""
+def _stage_costs(job: TrainingJob, stage: int, chunk: int = 0) -> dict:
+    """Seconds and bytes of one micro-batch on one rank of ``stage`` (pass 2), of model chunk ``chunk`` with
+    virtual stages (its layers' share; the output layer's on the last virtual stage)."""
     m, lay = job.model, job.layout
     tokens = job.tokens_per_rank
-    layers = job.stage_layers(stage)
+    layers = job.chunk_layers(stage, chunk)
     flops = sum(m.layer_flops(i, tokens) for i in layers)
-    if stage == lay.pp - 1:
+    if stage == lay.pp - 1 and chunk == job.virtual_stages - 1:
         flops += m.logits_flops(tokens)
     fwd = compute_seconds(flops / lay.tp, job.gpu, job.mfu)
     act = m.activation_bytes(tokens)
@@ -419,16 +476,30 @@ def _stage_costs(job: TrainingJob, stage: int) -> dict:
     }
 
 
-def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward: bool) -> list[ProgramOp]:
-    """Ops of micro-batch j's forward or backward on a stage (pass 3)."""
+def _neighbours(job: TrainingJob, stage: int, chunk: int) -> tuple[int | None, int | None]:
+    """Stage offsets of the previous and the next virtual stage of ``stage``'s ``chunk`` (None: there is none).
+    Virtual stage c x pp + s follows c x pp + s - 1: the stage before, or, from stage 0, the last stage's previous
+    chunk (offset pp - 1); the next is the stage after, or, from the last stage, stage 0's next chunk (offset
+    -(pp - 1)). Without virtual stages: -1 and +1 inside the pipeline."""
+    pp = job.layout.pp
+    virtual, last = chunk * pp + stage, pp * job.virtual_stages - 1
+    prev = None if virtual == 0 else (-1 if stage > 0 else pp - 1)
+    nxt = None if virtual == last else (+1 if stage < pp - 1 else -(pp - 1))
+    return prev, nxt
+
+
+def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward: bool,
+                     chunk: int = 0) -> list[ProgramOp]:
+    """Ops of micro-batch j's forward or backward on a stage (pass 3), of model chunk ``chunk`` with virtual
+    stages (labelled ``F{j}.{chunk}``)."""
     lay = job.layout
-    last = lay.pp - 1
-    tag = f"{'B' if backward else 'F'}{j}"
+    prev, nxt = _neighbours(job, stage, chunk)
+    tag = f"{'B' if backward else 'F'}{j}" + (f".{chunk}" if job.virtual_stages > 1 else "")
     ops: list[ProgramOp] = []
-    if not backward and stage > 0:
-        ops.append(RecvOp(-1, f"{tag} act"))
-    if backward and stage < last:
-        ops.append(RecvOp(+1, f"{tag} grad"))
+    if not backward and prev is not None:
+        ops.append(RecvOp(prev, f"{tag} act"))
+    if backward and nxt is not None:
+        ops.append(RecvOp(nxt, f"{tag} grad"))
     ops.append(ComputeOp(costs["bwd" if backward else "fwd"], tag))
     if lay.tp > 1 and job.sequence_parallel:
         # megatron/core/tensor_parallel/mappings.py: gather_from_sequence_parallel_region before each column-parallel
@@ -451,19 +522,55 @@ def _micro_batch_ops(job: TrainingJob, costs: dict, stage: int, j: int, backward
         ops.append(CollectiveOp(Dim.EP, Kind.ALLTOALL, costs["ep"][0], f"{tag} ep", costs["ep"][1],
                                 megatron="MoEAlltoAllTokenDispatcher"))
     # megatron/core/pipeline_parallel/p2p_communication.py: P2PCommunicator.send_forward / send_backward
-    if not backward and stage < last:
-        ops.append(SendOp(+1, costs["pp"], f"{tag} act", megatron="send_forward"))
-    if backward and stage > 0:
-        ops.append(SendOp(-1, costs["pp"], f"{tag} grad", megatron="send_backward"))
+    # With virtual stages the last stage's forward goes on to stage 0's next chunk, and stage 0's backward
+    # back to the last stage's previous chunk (megatron/core/pipeline_parallel/schedules.py,
+    # forward_backward_pipelining_with_interleaving: p2p between consecutive virtual stages).
+    if not backward and nxt is not None:
+        ops.append(SendOp(nxt, costs["pp"], f"{tag} act", megatron="send_forward"))
+    if backward and prev is not None:
+        ops.append(SendOp(prev, costs["pp"], f"{tag} grad", megatron="send_backward"))
     return ops
 
 
-def _pipeline_order(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
-    """The stage's order of (micro-batch, is_backward): 1F1B, or GPipe (all forwards, then all backwards
-    from the last micro-batch down, as autograd frees them)."""
+def _pipeline_order(job: TrainingJob, stage: int) -> list[tuple[int, bool, int]]:
+    """The stage's order of (micro-batch, is_backward, model chunk): 1F1B, GPipe (all forwards, then all
+    backwards from the last micro-batch down, as autograd frees them), or interleaved 1F1B."""
     if job.schedule is PipelineSchedule.GPIPE:
-        return [(j, False) for j in range(job.micro_batches)] + [(j, True) for j in reversed(range(job.micro_batches))]
-    return _one_f_one_b(job, stage)
+        return ([(j, False, 0) for j in range(job.micro_batches)]
+                + [(j, True, 0) for j in reversed(range(job.micro_batches))])
+    if job.schedule is PipelineSchedule.INTERLEAVED:
+        return _interleaved(job, stage)
+    return [(j, backward, 0) for j, backward in _one_f_one_b(job, stage)]
+
+
+def _interleaved(job: TrainingJob, stage: int) -> list[tuple[int, bool, int]]:
+    """Megatron-LM's interleaved 1F1B order of (micro-batch, is_backward, chunk) for a stage, as
+    ``forward_backward_pipelining_with_interleaving`` (megatron/core/pipeline_parallel/schedules.py, main of
+    August 2026) runs it with its default ``microbatch_group_size_per_vp_stage`` = pp:
+
+    - ``get_schedule_table``: virtual micro-batch k runs (micro-batch, chunk) from groups of pp micro-batches,
+      each group through chunk 0, then chunk 1, ... (``get_model_chunk_id`` / ``get_microbatch_id_in_model_chunk``);
+    - ``get_pp_rank_microbatches``: warm-up ``(pp - rank - 1) * 2 + (v - 1) * pp`` forwards, capped at the total
+      m x v; then forward k + warm-up and backward k in turn; then the remaining backwards;
+    - backward k runs chunk v - 1 - (table's chunk of k) (``get_model_chunk_id(k, forward=False)``) on the oldest
+      micro-batch that chunk holds (``input_tensors[chunk].pop(0)``): the table's micro-batch of k.
+    """
+    m, pp, v = job.micro_batches, job.layout.pp, job.virtual_stages
+    table = [(j, c) for first in range(0, m, pp) for c in range(v) for j in range(first, min(first + pp, m))]
+    total = m * v
+    warmup = min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+
+    def forward(k: int) -> tuple[int, bool, int]:
+        return table[k][0], False, table[k][1]
+
+    def backward(k: int) -> tuple[int, bool, int]:
+        return table[k][0], True, v - 1 - table[k][1]
+
+    order = [forward(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [forward(k + warmup), backward(k)]
+    order += [backward(k) for k in range(total - warmup, total)]
+    return order
 
 
 def _one_f_one_b(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
@@ -478,7 +585,7 @@ def _one_f_one_b(job: TrainingJob, stage: int) -> list[tuple[int, bool]]:
 
 
 def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
-    """Compile one iteration of ``job`` (1F1B or GPipe, ``job.schedule``) into per-stage op lists.
+    """Compile one iteration of ``job`` (1F1B, GPipe or interleaved 1F1B, ``job.schedule``) into per-stage op lists.
 
     ``defer_dp`` moves the gradient buckets after the stage's last pipeline send, so they run as one
     phase at the end instead of overlapping the last backward (a photonic-rails planner choice).
@@ -493,11 +600,11 @@ def build_program(job: TrainingJob, *, defer_dp: bool = False) -> Program:
 
     stages = []
     for s in range(job.layout.pp):
-        costs = _stage_costs(job, s)
+        costs = [_stage_costs(job, s, c) for c in range(job.virtual_stages)]
         order = _pipeline_order(job, s)
         ops: list[ProgramOp] = megatron.param_gather_behind_forward(job, s) if job.megatron_step else []
-        for idx, (j, backward) in enumerate(order):
-            chunk = _micro_batch_ops(job, costs, s, j, backward)
+        for idx, (j, backward, c) in enumerate(order):
+            chunk = _micro_batch_ops(job, costs[c], s, j, backward, c)
             if idx == len(order) - 1 and not job.megatron_step:
                 chunk = megatron.gradient_sync_alone(job, s, chunk, defer_dp=defer_dp)
             elif idx == len(order) - 1:
