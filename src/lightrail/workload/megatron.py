@@ -118,19 +118,28 @@ def last_backward(job: TrainingJob, stage: int, chunk: list[ProgramOp], *, defer
         return CollectiveOp(Dim.DP, kind, params * job.grad_bytes / b, name, asynchronous=asynchronous, span=span,
                             megatron="start_grad_sync")
 
-    ops: list[ProgramOp] = []
+    ops = _split_backward(chunk, b, lambda k: [bucket(k, span, params, tag, asynchronous=True)
+                                               for span, params, tag in buffers] if k < b - 1 else [],
+                          defer_dp=defer_dp)
+    return ops + [bucket(b - 1, span, params, tag, asynchronous=False) for span, params, tag in buffers]
+
+
+def _split_backward(chunk: list[ProgramOp], parts: int, after, *, defer_dp: bool) -> list[ProgramOp]:
+    """``chunk`` with its (first) compute split in ``parts`` equal parts, the ops ``after(k)`` following part k,
+    as the backward hooks launch a bucket once its gradients are ready; with ``defer_dp`` the gradient buckets
+    move after the chunk's other ops (its pipeline sends)."""
     compute = next(op for op in chunk if isinstance(op, ComputeOp))
+    ops: list[ProgramOp] = []
     for op in chunk:
         if op is not compute:
             ops.append(op)
             continue
-        for k in range(b):
-            ops.append(ComputeOp(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
-            if k < b - 1:
-                ops += [bucket(k, span, params, tag, asynchronous=True) for span, params, tag in buffers]
+        for k in range(parts):
+            ops.append(ComputeOp(compute.seconds / parts, f"{compute.label}.{k}" if parts > 1 else compute.label))
+            ops += after(k)
     if defer_dp:
         ops = [op for op in ops if not _is_dp_bucket(op)] + [op for op in ops if _is_dp_bucket(op)]
-    return ops + [bucket(b - 1, span, params, tag, asynchronous=False) for span, params, tag in buffers]
+    return ops
 
 
 def step(job: TrainingJob, stage: int) -> list[ProgramOp]:
@@ -186,19 +195,10 @@ def gradient_sync_alone(job: TrainingJob, stage: int, chunk: list[ProgramOp], *,
         return chunk
     b = job.dp_buckets
     kind = Kind.REDUCESCATTER if job.distributed_optimizer else Kind.ALLREDUCE
-    compute = next(op for op in chunk if isinstance(op, ComputeOp))
-    ops: list[ProgramOp] = []
-    for op in chunk:
-        if op is not compute:
-            ops.append(op)
-            continue
-        for k in range(b):
-            ops.append(ComputeOp(compute.seconds / b, f"{compute.label}.{k}" if b > 1 else compute.label))
-            ops += [CollectiveOp(Dim.DP, kind, params * job.grad_bytes / b,
-                                 f"dp bucket {k}" + (f" {tag}" if len(buffers) > 1 else ""), asynchronous=True,
-                                 span=span, megatron="start_grad_sync") for span, params, tag in buffers]
-    if defer_dp:
-        ops = [op for op in ops if not _is_dp_bucket(op)] + [op for op in ops if _is_dp_bucket(op)]
+    ops = _split_backward(chunk, b, lambda k: [
+        CollectiveOp(Dim.DP, kind, params * job.grad_bytes / b, f"dp bucket {k}" + (f" {tag}" if len(buffers) > 1
+                     else ""), asynchronous=True, span=span, megatron="start_grad_sync")
+        for span, params, tag in buffers], defer_dp=defer_dp)
     if job.distributed_optimizer:
         ops += [CollectiveOp(Dim.DP, Kind.ALLGATHER, params * job.grad_bytes, f"dp allgather {tag}", span=span,
                              megatron="start_param_sync") for span, params, tag in buffers]
