@@ -11,9 +11,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from lightrail.control.opus import LIGHTRAIL, OpusParams
+from lightrail.control.plan import Mode, Policy
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.fabric.builders import GPUS_PER_SERVER
 from lightrail.fabric.costs import CostFacts
@@ -168,27 +168,31 @@ class JobSection(_Strict):
         "(Llama 3 405B's recipe: one fewer on the first and last stages until they fit), or one count per stage.")
 
 
-class OcsSection(_Strict):
+class _OcsFacts(_Strict):
+    """The ``ocs`` section's hardware and control-plane facts; its policy fields come from ``Policy``."""
+
     reconfig_delay: str = Field(f"{RECONFIG_DELAY * 1e3:g}ms",
                                 description="OCS reconfiguration delay (MEMS: 10-25 ms).")
     check_in_rtt: str = Field(f"{CHECK_IN_RTT * 1e3:g}ms", description="Round trip of a rank's check-in with the "
                               "controller (default: lightrail's controller, measured; see fabric/params.py).")
     command_latency: str = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision to "
                                  "the start of a reconfiguration (default: measured, see fabric/params.py).")
-    mode: Literal["on-demand", "provisioned", "on_demand"] = Field(
-        LIGHTRAIL.mode.value, description="When to reconfigure: on-demand or provisioned (on_demand, the old "
-                                          "spelling, is still read).")
-    # the policy knobs default to lightrail's policy (control/opus.py)
-    partial: bool = Field(LIGHTRAIL.partial, description="Reconfigure only the ports that change (Opus: whole "
-                                                         "switch).")
-    skip_present: bool = Field(LIGHTRAIL.skip_present, description="Skip a reconfiguration when the circuits are "
-                                                                   "already there.")
-    split_pp: bool = Field(LIGHTRAIL.split_pp, description="Forward pipeline traffic on even rails, backward on odd "
-                                                           "rails.")
-    defer_dp: bool = Field(LIGHTRAIL.defer_dp, description="Run gradient buckets after the last pipeline send, as "
-                                                           "one phase.")
-    leases: bool = Field(LIGHTRAIL.leases, description="A group keeps its circuits across ops until another phase "
-                                                       "needs them (Opus: every op checks in with the controller).")
+
+    def policy(self) -> Policy:
+        """The section's policy fields as the one Policy object the Plan carries."""
+        return Policy(**{f.name: getattr(self, f.name) for f in fields(Policy)})
+
+
+def _policy_field(f) -> tuple[Any, Any]:
+    """A ``Policy`` field as an ``ocs`` section field: its type, default and doc (declared once, in Policy)."""
+    if f.name == "mode":
+        return Literal[(*(m.value for m in Mode), "on_demand")], Field(f.default.value, description=f.metadata["doc"])
+    return bool, Field(f.default, description=f.metadata["doc"])
+
+
+OcsSection = create_model("OcsSection", __base__=_OcsFacts, __module__=__name__,
+                          **{f.name: _policy_field(f) for f in fields(Policy)})
+"""The ``ocs`` section: the facts above and the policy's fields (``control.plan.Policy``, defaults lightrail's)."""
 
 
 class Scenario(_Strict):
@@ -235,7 +239,7 @@ class Scenario(_Strict):
         job = TrainingJob(model=model, layout=layout, gpu=accel, **self.job.model_dump())
         return Built(self, model, accel, job, fabric, params, costs, rail_speed)
 
-    def _fabric(self) -> tuple[GPU, RailFabric, OpusParams, CostFacts, str]:
+    def _fabric(self) -> tuple[GPU, RailFabric, Policy, CostFacts, str]:
         """The cluster's GPU, rails, OCS policy and cost facts (whatever the workload)."""
         accel = gpu(self.cluster.gpu)
         c = self.cluster
@@ -252,8 +256,7 @@ class Scenario(_Strict):
                             check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
                             command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"),
                             sharing=self.engine.sharing, collectives=self.engine.collectives)
-        knobs = self.ocs.model_dump(exclude={"reconfig_delay", "check_in_rtt", "command_latency"})
-        params = OpusParams(**knobs)
+        params = self.ocs.policy()
         known = {f.name for f in fields(CostFacts)}
         unknown = sorted(set(self.costs) - known)
         if unknown:
@@ -346,7 +349,8 @@ class Built:
     gpu: GPU
     job: TrainingJob
     fabric: RailFabric
-    params: OpusParams
+    policy: Policy
+    """The OCS policy (``ocs``), the one the Plan carries."""
     costs: CostFacts
     rail_speed: str
     trace: ChakraTrace | None = None
@@ -356,6 +360,11 @@ class Built:
     iteration runs on the rails of ``fabric``, or a one-rank trace)."""
     engine: EngineTerms | None = None
     """A trace's engine terms (``engine.endpoint_delay``, ``engine.local_mem_bw``; None for a model)."""
+
+    @property
+    def params(self) -> Policy:
+        """The old name of ``policy`` (still read)."""
+        return self.policy
 
 
 def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:

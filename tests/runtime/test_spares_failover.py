@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
+from lightrail.control.plan import Policy, runtime_plan  # noqa: E402
 from lightrail.errors import ScenarioError  # noqa: E402
 from lightrail.runtime.torch_backend import Agent, BackendConfig, Inner, circuits_of, spare_ports  # noqa: E402
 from lightrail.studies.photonic_demo import _failure, run_photonic_demo  # noqa: E402
@@ -96,7 +97,7 @@ def test_how_a_rank_was_woken_is_read_from_its_error():
 def test_nccl_circuits_are_released_only_after_the_data_moved():
     """The op is queued on the GPU and its work's wait() returns at once (as NCCL's does): the release must
     still come after the GPU finished it."""
-    agent = Agent(BackendConfig(layout=LAYOUT, inner=Inner.NCCL, leases=False))
+    agent = Agent(BackendConfig(layout=LAYOUT, inner=Inner.NCCL, plan=runtime_plan(LAYOUT, Policy(leases=False))))
     seen = []
 
     class Client:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -17,11 +19,17 @@ import torch.distributed as dist  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from lightrail.cli import app  # noqa: E402
-from lightrail.control.plan import Mode  # noqa: E402
+from lightrail.control.plan import Mode, Policy, runtime_plan  # noqa: E402
 from lightrail.errors import ScenarioError  # noqa: E402
 from lightrail.runtime.launch import free_port  # noqa: E402
 from lightrail.runtime.torch_backend import Agent, BackendConfig, Inner, circuits_of, phase_of, setup  # noqa: E402
-from lightrail.studies.photonic_demo import PhotonicDemoResult, Prediction, run_photonic_demo  # noqa: E402
+from lightrail.studies.photonic_demo import (  # noqa: E402
+    DEMO_POLICY,
+    PhotonicDemoResult,
+    Prediction,
+    demo_plan,
+    run_photonic_demo,
+)
 from lightrail.studies.train_demo import DemoConfig  # noqa: E402
 from lightrail.workload.parallel import Dim, Layout  # noqa: E402
 
@@ -54,13 +62,35 @@ def test_leases_only_for_phases_of_one_configuration():
     agent = Agent(BackendConfig(layout=pp4))
     # a middle stage's forward and backward circuits share a transmitter: two matchings, per-op
     assert agent.leased("dp:0,1") and not agent.leased("pp:2->4")
-    assert not Agent(BackendConfig(layout=LAYOUT, leases=False)).leased("dp:0,2")
+    assert not Agent(BackendConfig(layout=LAYOUT, plan=runtime_plan(LAYOUT, Policy(leases=False)))).leased("dp:0,2")
+
+
+@pytest.mark.parametrize(("tp", "pp", "dp"), [(2, 2, 2), (1, 4, 2), (2, 1, 4)])
+def test_train_demo_runs_its_one_plan_and_leases_what_the_runtime_plan_would(tp, pp, dp):
+    """The Plan train-demo hands the backend (the planner's, for the demo's program) carries the flags' policy,
+    and leases exactly the groups the backend's own ring plan would: the same circuits, read from one object."""
+    config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=2, layers=4)
+    policy = replace(DEMO_POLICY, mode=Mode.ON_DEMAND)
+    plan = demo_plan(config, gpus_per_server=2, policy=policy)
+    assert plan.policy is policy
+    mine, ring = Agent(BackendConfig(layout=plan.layout, plan=plan)), Agent(BackendConfig(layout=plan.layout))
+    lay = plan.layout
+    groups = [(f"dp:{','.join(map(str, g))}", list(zip(g, np.roll(g, -1), strict=True))) for g in
+              lay.groups(Dim.DP).tolist()]
+    stride = lay.stride(Dim.PP)
+    groups += [(f"pp:{a}<->{a + stride}", [(a, a + stride), (a + stride, a)]) for a in range(lay.world - stride)]
+    asked = 0
+    for key, transfers in groups:
+        if circuits_of(lay, transfers):  # groups inside a server never reach the controller
+            assert mine.leased(key, transfers) == ring.leased(key, transfers), key
+            asked += 1
+    assert asked
 
 
 @pytest.mark.slow
 def test_training_on_emulated_photonic_rails_gives_identical_losses(tmp_path):
     config = DemoConfig(tp=2, pp=2, dp=2, steps=3, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
-    result = run_photonic_demo(config, ocs_delay_s=0.002, mode="provisioned", workdir=tmp_path).to_dict()
+    result = run_photonic_demo(config, ocs_delay_s=0.002, workdir=tmp_path).to_dict()
     assert result["losses_identical"] and len(result["losses"]) == 3
     assert result["losses"] == result["lightrail_losses"]
     assert result["unsafe_reconfigurations"] == 0
@@ -118,8 +148,7 @@ def test_train_demo_bad_input_exits_2_naming_the_flag(args, flag, tmp_path):
     ({"controller": "127.0.0.1:70000"}, "controller"),
     ({"controller": ":7600"}, "controller"),
     ({"job": ""}, "job"),
-    ({"mode": "sometimes"}, "mode"),
-    ({"leases": "no"}, "leases"),
+    ({"plan": "provisioned"}, "plan"),
     ({"inner": "mpi"}, "inner"),
 ])
 def test_backend_config_bad_values_name_the_field(kwargs, field):
@@ -131,11 +160,13 @@ def test_backend_config_bad_values_name_the_field(kwargs, field):
 
 def test_backend_config_parses_its_strings_is_frozen_and_pickles():
     """Workers get the config as an argument (spawned processes: it must pickle), never from the environment."""
-    config = BackendConfig(layout=LAYOUT, controller="127.0.0.1:7600", job="j1", mode="on_demand", inner="nccl")
-    assert config.mode is Mode.ON_DEMAND and config.inner is Inner.NCCL and config.address() == ("127.0.0.1", 7600)
-    assert pickle.loads(pickle.dumps(config)) == config
+    config = BackendConfig(layout=LAYOUT, controller="127.0.0.1:7600", job="j1", inner="nccl",
+                           plan=runtime_plan(LAYOUT, Policy(mode="on_demand")))
+    assert config.plan.mode is Mode.ON_DEMAND and config.inner is Inner.NCCL and config.address() == ("127.0.0.1", 7600)
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy.plan.policy == config.plan.policy and copy.plan.phases == config.plan.phases
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.leases = False
+        config.plan = None
     assert BackendConfig(layout=LAYOUT).controller is None  # no controller: the wrapped backend alone
 
 
@@ -172,8 +203,9 @@ JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "oc
 """train-demo.json's keys, in order, as before the result was typed."""
 
 
-def _canned(config: DemoConfig, *, ocs_delay_s: float, mode: Mode, leases: bool, **_) -> PhotonicDemoResult:
+def _canned(config: DemoConfig, *, ocs_delay_s: float, policy: Policy, **_) -> PhotonicDemoResult:
     """A train-demo result without training: the verb's parsing, reporting and files, in milliseconds."""
+    mode, leases = policy.mode, policy.leases
     predicted = Prediction(0.11, 0.1, 0.01, 4.0, 4.0, {"exposed_reconfiguration_s": 0.01}, 0.5, 4e-4, leases,
                            "gpipe")
     return PhotonicDemoResult(
@@ -206,7 +238,7 @@ def test_train_demo_leases_flag_replaces_the_environment_variable(args, env, lea
     r = CliRunner().invoke(app, ["train-demo", "--steps", "2", "--out", str(tmp_path), *args, "--json"])
     assert r.exit_code == 0, r.output
     (kw,) = calls
-    assert kw["leases"] is leases
+    assert kw["policy"].leases is leases and kw["policy"] == replace(DEMO_POLICY, mode=kw["policy"].mode, leases=leases)
     assert (note in r.output) if note else "note:" not in r.output
     result = json.loads(r.output[r.output.index("{"):])
     assert list(result) == JSON_KEYS and result["leases"] is leases

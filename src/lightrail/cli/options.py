@@ -421,7 +421,7 @@ def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: st
     if ocs_delay is not None:
         built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(ocs_delay, field="--ocs-delay")))
     if mode is not None:
-        built = replace(built, params=replace(built.params, mode=parse_mode(mode)))
+        built = replace(built, policy=replace(built.policy, mode=parse_mode(mode)))
     return built
 
 

@@ -87,19 +87,20 @@ def train_demo_cmd(
     """Train a small GPT (TP x PP x DP, CPU processes) on plain gloo and on emulated photonic rails
     (the lightrail backend + a controller process); compare, and set beside `simulate`'s prediction
     for the same job (GPipe, compute calibrated on the gloo run). --no-leases turns leases off."""
+    from dataclasses import replace
+
     from lightrail.report.runtime import print_train_demo, write_train_demo
-    from lightrail.studies.photonic_demo import run_photonic_demo
+    from lightrail.studies.photonic_demo import DEMO_POLICY, run_photonic_demo
     from lightrail.studies.train_demo import DemoConfig
 
     fmt = figure_suffix(fmt)
     config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=steps, ranks=ranks)
     delay = parse_time(ocs_delay, field="--ocs-delay")
-    mode = parse_mode(mode)
-    leases = _leases(leases)
+    policy = replace(DEMO_POLICY, mode=parse_mode(mode), leases=_leases(leases))  # the mode is parsed here, once
     kill_steps = parse_kill_steps(kill_controller_at_step)
     with progress_steps(2, "train-demo", as_json) as step:
-        result = run_photonic_demo(config, ocs_delay_s=delay, mode=mode, gpus_per_server=gpus_per_server,
-                                   leases=leases, progress=step,
+        result = run_photonic_demo(config, ocs_delay_s=delay, policy=policy, gpus_per_server=gpus_per_server,
+                                   progress=step,
                                    kill_controller_at_step=kill_steps, spares=spares, kill_rank=kill_rank,
                                    kill_at_step=kill_at_step)
     wrote = write_train_demo(result, out_dir, fmt=fmt) if writes_files(as_json) else []

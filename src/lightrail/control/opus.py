@@ -17,7 +17,8 @@ after the other. A phase's configuration on a rail is the union of its ops' circ
 the fewest matchings only where the union is not one (Opus section 4: pipeline forward and backward
 between the same two servers are one configuration; a middle stage of PP >= 4 needs two).
 
-Policy knobs (``OpusParams``), the published Opus first (``ORIGINAL``), lightrail's after:
+Policy knobs (``control.plan.Policy``, the Plan carries it; ``OpusParams`` is its old name), the published
+Opus first (``ORIGINAL``), lightrail's after:
 - ``mode``: reconfigure *on demand* when a phase's first op checks in, or *provisioned* once the
   previous phase's last op released (the controller learns the next phase then, not earlier),
   hiding the delay behind compute. Both are Opus's.
@@ -43,40 +44,29 @@ import numpy as np
 
 from lightrail.collectives import resolve
 from lightrail.collectives.compressed import compressed_form, step_traffic
-from lightrail.control.plan import NO_CIRCUITS, Circuits, Mode, Plan, is_matching, phase_key, rail_circuits, union
+from lightrail.control.plan import (
+    KNOBS,
+    NO_CIRCUITS,
+    Circuits,
+    Plan,
+    Policy,
+    is_matching,
+    phase_key,
+    rail_circuits,
+    union,
+)
 from lightrail.fabric.circuits import is_partial_permutation
 from lightrail.workload.parallel import Dim, Layout
 from lightrail.workload.program import CollectiveOp, CommOp, Program, SendOp
 
 __all__ = ["OpusParams", "OpusPlanner", "Requirement", "ORIGINAL", "LIGHTRAIL", "KNOBS", "is_rail_configuration"]
 
-@dataclass(frozen=True, kw_only=True)
-class OpusParams:
-    """How the control plane reconfigures photonic rails (see the module docstring)."""
-
-    mode: Mode = Mode.PROVISIONED
-    """When to switch; a string (``"on-demand"``, the old ``"on_demand"``, ``"provisioned"``) is read as a Mode."""
-    partial: bool = True
-    skip_present: bool = True
-    split_pp: bool = True
-    defer_dp: bool = True
-    leases: bool = True
-
-    def __post_init__(self):
-        object.__setattr__(self, "mode", Mode.parse(self.mode, field="ocs.mode"))
-
-    @property
-    def label(self) -> str:
-        knobs = [k for k in KNOBS if getattr(self, k)]
-        return f"{self.mode}" + (f" +{'+'.join(knobs)}" if knobs else " (original)")
-
-
-KNOBS = ("skip_present", "partial", "split_pp", "defer_dp", "leases")
-"""lightrail's improvements over the published policy, in the order the ablation adds them."""
-ORIGINAL = OpusParams(partial=False, skip_present=False, split_pp=False, defer_dp=False, leases=False)
+OpusParams = Policy
+"""The old name of :class:`lightrail.control.plan.Policy` (still read)."""
+ORIGINAL = Policy(partial=False, skip_present=False, split_pp=False, defer_dp=False, leases=False)
 """The published Opus policy (arXiv 2507.08119 sections 4-5): phases are parallelism dimensions, the whole
 rail switch is rewritten when the next op's configuration differs from the rail's, every op checks in."""
-LIGHTRAIL = OpusParams()
+LIGHTRAIL = Policy()
 """lightrail's default: every improvement on (skip-if-present, partial, split pipeline rails, deferred DP,
 leases)."""
 
@@ -114,9 +104,9 @@ class OpusPlanner:
     until then each requirement is named by its dimension.
     """
 
-    def __init__(self, layout: Layout, params: OpusParams = LIGHTRAIL):
+    def __init__(self, layout: Layout, policy: Policy = LIGHTRAIL):
         self.layout = layout
-        self.params = params
+        self.policy = policy
         self._cache: dict = {}
         self._names: dict = {}  # requirement key -> configuration name, filled by plan()
         self._plan: tuple[Program, Plan] | None = None
@@ -155,7 +145,7 @@ class OpusPlanner:
         src = lay.stage_ranks(stage)
         dst = src + op.offset * lay.stride(Dim.PP)
         rails = None
-        if self.params.split_pp and lay.gpus_per_server > 1:
+        if self.policy.split_pp and lay.gpus_per_server > 1:
             # Downstream traffic on the even rails, upstream on the odd ones. With virtual pipeline stages
             # (interleaved 1F1B) the last stage's forward wraps to stage 0 (offset -(pp - 1)) and stage 0's backward
             # to the last stage (offset pp - 1): taken with their direction round the ring of stages, the forward
@@ -224,8 +214,7 @@ class OpusPlanner:
         requirements = {phase: [req.circuits for key in keys for req in self._cache[key]]
                         for phase, keys in order.items()}
         requirements = {phase: reqs for phase, reqs in requirements.items() if any(len(r[0]) for r in reqs)}
-        plan, names = Plan.from_requirements(self.layout, requirements, mode=self.params.mode,
-                                             whole_switch=not self.params.partial, leases=self.params.leases)
+        plan, names = Plan.from_requirements(self.layout, requirements, self.policy)
         for phase, keys in order.items():
             labels = iter(names.get(phase, ()))
             for key in keys:

@@ -17,15 +17,17 @@ a job; the executors only look it up.
   the order the traffic needs them, so pipeline forward and backward between the same two servers
   share one configuration. First fit equals the fewest matchings on every layout the tests
   brute-force.
-- **When the switch changes** is the policy (``OpusParams``): on demand (a phase's first op asks)
-  or provisioned (the previous phase's last op releases), the whole switch (Opus) or only the
-  changed ports, per-op check-ins with the controller (Opus) or leases held for a whole phase.
+- **When the switch changes** is the :class:`Policy`, which the Plan carries: on demand (a phase's first
+  op asks) or provisioned (the previous phase's last op releases), the whole switch (Opus) or only the
+  changed ports, per-op check-ins with the controller (Opus) or leases held for a whole phase. It is
+  declared here once: the scenario's ``ocs`` section takes its fields from it, the planner builds the
+  Plan with it, and the simulator and the torch backend read it from the Plan they are given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -33,12 +35,66 @@ from lightrail.defaults import Mode
 from lightrail.errors import InfeasibleError
 from lightrail.workload.parallel import Dim, Layout
 
-__all__ = ["Mode", "Circuits", "phase_key", "rail_circuits", "is_matching", "union", "split_into_matchings", "Plan",
-           "runtime_plan"]
+__all__ = ["Mode", "Policy", "KNOBS", "Circuits", "phase_key", "rail_circuits", "is_matching", "union",
+           "split_into_matchings", "Plan", "runtime_plan"]
 
 
 # Mode (on-demand / provisioned) lives in lightrail.defaults, so the CLI shows it without importing numpy;
 # re-exported here as control.plan.Mode.
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """How the control plane switches the rails: the one declaration of the OCS policy.
+
+    The published Opus policy (arXiv 2507.08119 sections 4-5) has every knob off (``control.opus.ORIGINAL``);
+    lightrail's default has them on. Each field's ``doc`` is what the scenario's ``ocs`` section shows for it.
+    A string ``mode`` (``on-demand``, the old ``on_demand``, ``provisioned``) is read here, once, at the edge.
+    """
+
+    mode: Mode = field(default=Mode.PROVISIONED, metadata={"doc": (
+        "When to reconfigure: on demand, when a phase's first op checks in, or provisioned, once the previous "
+        "phase's last op released (on_demand, the old spelling, is still read).")})
+    partial: bool = field(default=True, metadata={"doc": (
+        "Reconfigure only the ports that change (Opus: rewrite the whole rail switch, drained first).")})
+    skip_present: bool = field(default=True, metadata={"doc": (
+        "Skip a reconfiguration when the op's circuits are already there.")})
+    split_pp: bool = field(default=True, metadata={"doc": (
+        "Forward pipeline traffic on even rails, backward on odd rails.")})
+    defer_dp: bool = field(default=True, metadata={"doc": (
+        "Run gradient buckets after the last pipeline send, as one phase.")})
+    leases: bool = field(default=True, metadata={"doc": (
+        "A group keeps its circuits across ops until another phase needs them (Opus: every op checks in with "
+        "the controller).")})
+
+    def __post_init__(self):
+        from lightrail.errors import ScenarioError
+
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode.parse(self.mode, field="ocs.mode"))
+        for f in fields(self)[1:]:
+            if not isinstance(getattr(self, f.name), bool):
+                raise ScenarioError(f"{f.name} must be true or false, got {getattr(self, f.name)!r}",
+                                    field=f"ocs.{f.name}", fix=f"{f.name}: true")
+
+    @property
+    def whole_switch(self) -> bool:
+        """Opus: rewrite the whole rail switch to the configuration (drain the rail first)."""
+        return not self.partial
+
+    @property
+    def label(self) -> str:
+        knobs = [k for k in KNOBS if getattr(self, k)]
+        return f"{self.mode}" + (f" +{'+'.join(knobs)}" if knobs else " (original)")
+
+    def to_dict(self) -> dict:
+        """The ``ocs`` section's policy fields (JSON-ready)."""
+        return {f.name: str(getattr(self, f.name)) if f.name == "mode" else getattr(self, f.name)
+                for f in fields(self)}
+
+
+KNOBS = ("skip_present", "partial", "split_pp", "defer_dp", "leases")
+"""lightrail's improvements over the published policy, in the order the ablation adds them."""
 
 
 Circuits = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -156,16 +212,33 @@ class Plan:
     layout: Layout
     configurations: dict[str, np.ndarray]
     phases: dict[str, tuple[str, ...]]
-    mode: Mode = Mode.PROVISIONED
-    whole_switch: bool = False
-    """Opus: rewrite the whole rail switch to the configuration (drain the rail first)."""
-    leases: bool = True
-    """lightrail: a group holds its phase's circuits across ops; Opus checks in before every op."""
+    policy: Policy = Policy()
+    """How the rails switch between the configurations; the executors read it from here."""
     notes: dict = field(default_factory=dict)
+
+    @property
+    def mode(self) -> Mode:
+        return self.policy.mode
+
+    @property
+    def whole_switch(self) -> bool:
+        return self.policy.whole_switch
+
+    @property
+    def leases(self) -> bool:
+        return self.policy.leases
 
     def single_configuration(self, phase: str) -> bool:
         """True if the phase's circuits all fit one configuration (its groups never conflict)."""
         return len(self.phases.get(phase, ())) == 1
+
+    def serves(self, phase: str, circuits: Circuits) -> bool:
+        """True if ``phase`` is one configuration and it holds every one of ``circuits``: a group with that
+        traffic may lease its circuits (it conflicts with no group of its phase, only with other phases)."""
+        if not self.single_configuration(phase):
+            return False
+        rail, tx, rx = (np.asarray(c, np.int64) for c in circuits)
+        return bool(np.all(self.configurations[self.phases[phase][0]][rail, tx] == rx))
 
     def circuits(self, name: str) -> Circuits:
         perm = self.configurations[name]
@@ -184,11 +257,11 @@ class Plan:
         """JSON-ready: per phase, its configurations and how many circuits each lights; the policy."""
         return {"phases": {phase: {name: int(np.sum(self.configurations[name] >= 0)) for name in names}
                            for phase, names in self.phases.items()},
-                "trigger": self.trigger, "leases": self.leases}
+                "trigger": self.trigger, "leases": self.leases, "policy": self.policy.to_dict()}
 
     @classmethod
-    def from_requirements(cls, layout: Layout, requirements: Mapping[str, Sequence[Circuits]], **policy) -> tuple[
-            Plan, dict[str, list[str]]]:
+    def from_requirements(cls, layout: Layout, requirements: Mapping[str, Sequence[Circuits]],
+                          policy: Policy = Policy()) -> tuple[Plan, dict[str, list[str]]]:
         """Build a plan from each phase's requirements in order of need; also returns, per phase,
         the configuration name each requirement falls in."""
         configurations: dict[str, np.ndarray] = {}
@@ -201,14 +274,14 @@ class Plan:
                 configurations[label] = _perm(layout, cfg)
             phases[phase] = tuple(labels)
             names[phase] = [labels[c] for c in colour]
-        return cls(layout, configurations, phases, **policy), names
+        return cls(layout, configurations, phases, policy), names
 
 
 def _ring(members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return members.ravel(), np.roll(members, -1, axis=1).ravel()
 
 
-def runtime_plan(layout: Layout, **policy) -> Plan:
+def runtime_plan(layout: Layout, policy: Policy = Policy()) -> Plan:
     """The plan for the traffic the torch backend sees: a ring over every group of each dimension
     (gloo's and NCCL's large-message collective) and the pipeline chain in both directions.
 
@@ -234,6 +307,6 @@ def runtime_plan(layout: Layout, **policy) -> Plan:
             if stage > 0:
                 reqs.append(rail_circuits(layout, ranks, ranks - stride))
         requirements[Dim.PP.value] = reqs
-    plan = Plan.from_requirements(layout, requirements, **policy)[0]
+    plan = Plan.from_requirements(layout, requirements, policy)[0]
     plan.notes["unplanned"] = unplanned
     return plan

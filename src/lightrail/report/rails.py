@@ -33,7 +33,7 @@ def _delay(seconds: float) -> str:
 def write_simulate(result: RailsComparison, out_dir: Path, *, fmt: str = "png") -> list[Path]:
     """breakdown.<fmt>, overhead.<fmt>, trace.json (Perfetto), summary.json and scenario.json in ``out_dir``."""
     built = result.built
-    setting = f"OCS delay {format_time(built.fabric.reconfig_delay)}, {built.params.mode}"
+    setting = f"OCS delay {format_time(built.fabric.reconfig_delay)}, {built.policy.mode}"
     rows = {f"{name} rails" if name != "ideal" else "ideal rails (OCS, 0 delay)": summary
             for name, summary in result.breakdown.items()}
     return [plot_breakdown(rows, out_dir / f"breakdown.{fmt}",
@@ -65,7 +65,7 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
     table.add_row("rail network cost", f"${ce['capex_usd'] / 1e6:,.2f}M", f"${cp['capex_usd'] / 1e6:,.2f}M")
     table.add_row("electrical / photonic", "", f"power {result.power_ratio:.1f}x, cost {result.cost_ratio:.2f}x")
     console.print(table)
-    mode = str(built.params.mode)
+    mode = str(built.policy.mode)
     ablation = Table(title=f"policy ablation ({mode}): the published Opus policy, then lightrail's knobs")
     for col in ("policy", "iteration", "overhead", "reconfigs / rail", "round trips / rank"):
         ablation.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
@@ -120,7 +120,7 @@ def print_sweep(result: DelaySweep, console: Console, out_dir: Path, *, fmt: str
             cells.append(f"{run.overhead * 100:+.2f}% ({run.reconfigurations_per_iteration:.0f})")
         table.add_row(_delay(d), *cells)
     console.print(table)
-    mode = str(result.built.params.mode)
+    mode = str(result.built.policy.mode)
     split = Table(title=f"where the overhead goes ({mode}): {' + '.join(lbl for _, lbl in BREAKDOWN)}")
     split.add_column("delay", justify="right")
     split.add_column("policy")

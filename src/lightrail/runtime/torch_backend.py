@@ -4,8 +4,9 @@ circuits under every collective and send/recv (leased for a whole phase where th
 Use, in every rank process::
 
     from lightrail.runtime import torch_backend
-    config = torch_backend.BackendConfig(controller="127.0.0.1:7600", job="j1", mode="provisioned",
-                                         layout=Layout.from_degrees(8, tp=2, pp=2))
+    layout = Layout.from_degrees(8, tp=2, pp=2)
+    config = torch_backend.BackendConfig(controller="127.0.0.1:7600", job="j1", layout=layout,
+                                         plan=runtime_plan(layout, Policy(mode="provisioned")))
     agent = torch_backend.setup(config)          # registers "lightrail", bound to this process's agent
     dist.init_process_group("lightrail", ...)     # every dist.new_group(...) is a lightrail group too
     ...
@@ -25,9 +26,11 @@ destination GPU (PXN), from the sender's server port to the receiver's on that r
 (``rail{i}``) — ``control.plan.rail_circuits``, the one circuit rule of the simulator and the planner.
 Groups within one server (TP) need no circuit and never reach the controller.
 
-Which groups hold *leases* is the Plan's decision (``control/plan.py``, ``runtime_plan(layout)``, built
-once per process): a group whose phase ``Plan.single_configuration(phase)`` holds — every circuit of
-the phase fits one configuration — acquires its circuits once with ``lease`` and then runs its ops
+Which groups hold *leases* is the Plan's decision (``control/plan.py``): the config carries the Plan
+(``BackendConfig.plan``; ``runtime_plan(layout)`` by default), the same object a launcher such as
+``train-demo`` hands its simulator, and its ``policy`` gives the mode and whether leases are on. A group
+whose circuits the plan serves (``Plan.serves``: its phase is one configuration and holds them) acquires
+its circuits once with ``lease`` and then runs its ops
 with no controller request at all, until the controller revokes the lease because another group
 needs those ports (every holder acknowledges at once with the number of ops it ran under the lease;
 the ports are freed when no op is in flight and every member ran as many; the next op re-acquires). Every
@@ -37,8 +40,8 @@ and releases after it, so a rank holds its circuits only inside an op. Why not l
 with a lease a rank may enter an op before its peer; if the peer first needs a group that conflicts
 with the lease, the revoke cannot be acknowledged until the op ends, which needs the peer: deadlock.
 Groups of one configuration never conflict with each other, and in a training program a rank
-changes phase only after its peers finished the previous phase's ops with it. ``leases=False`` in
-the config turns leases off (per-op acquire/release everywhere, as Opus checks in before every op).
+changes phase only after its peers finished the previous phase's ops with it. A plan whose policy has
+``leases=False`` turns them off (per-op acquire/release everywhere, as Opus checks in before every op).
 
 Modes: ``on-demand`` asks when an op needs a group (a reconfiguration starts when the phase's first
 op arrives); ``provisioned`` learns each rank's sequence of groups in the first iteration and, when
@@ -105,10 +108,10 @@ class BackendConfig:
     """The controller's rank-protocol address, ``host:port``; None runs the wrapped backend with no circuits."""
     job: str = "job"
     """The job's name at the controller (its ports belong to it)."""
-    mode: Mode = Mode.PROVISIONED
-    """``provisioned`` announces the next group as a phase's last op ends; ``on-demand`` asks when it starts."""
-    leases: bool = True
-    """Let groups whose phase is one configuration of the Plan hold their circuits across ops."""
+    plan: Plan | None = None
+    """The Plan the backend executes (its ``policy``: the mode, leases); None: ``runtime_plan(layout)`` with
+    lightrail's default policy. ``provisioned`` announces the next group as a phase's last op ends,
+    ``on-demand`` asks when it starts; with leases, groups the plan serves hold their circuits across ops."""
     inner: Inner = Inner.GLOO
     """The wrapped backend: ``gloo`` (CPU) or ``nccl`` (GPU)."""
     token: str | None = None
@@ -122,9 +125,11 @@ class BackendConfig:
             self.address()  # checks it
         if not isinstance(self.job, str) or not self.job:
             raise ScenarioError(f"job must be a non-empty string, got {self.job!r}", field="job", fix='e.g. job="j1"')
-        object.__setattr__(self, "mode", Mode.parse(self.mode, field="mode"))
-        if not isinstance(self.leases, bool):
-            raise ScenarioError(f"leases must be true or false, got {self.leases!r}", field="leases")
+        if self.plan is None:
+            object.__setattr__(self, "plan", runtime_plan(self.layout))
+        elif not isinstance(self.plan, Plan) or self.plan.layout != self.layout:
+            raise ScenarioError("plan must be a Plan for the config's layout", field="plan",
+                                fix="e.g. runtime_plan(layout, Policy(mode='on-demand'))")
         try:
             object.__setattr__(self, "inner", Inner(self.inner))
         except ValueError:
@@ -187,7 +192,8 @@ class Agent:
     def __init__(self, config: BackendConfig):
         self.config = config
         self.layout = config.layout
-        self.plan: Plan = runtime_plan(config.layout)  # built once per process
+        self.plan: Plan = config.plan  # the launcher's, pickled with the config
+        self.serving: dict[str, bool] = {}  # group key -> may it lease (``leased``)
         self.client: ControllerClient | None = None
         self.rank: int | None = None  # set by the process's first group
         self.closed = False
@@ -312,11 +318,21 @@ class Agent:
         return {"requests": self.client.requests, "wait_s": self.wait_s, "request_s": list(self.client.round_trips),
                 "ops": self.ops, "under_lease": self.under_lease, "revokes": self.revokes}
 
-    def leased(self, key: str) -> bool:
-        """True if the group (key, or phase) takes leases: its phase is one configuration of the plan.
-        Its send/recv between two ranks are then one group, both directions (the ops of the two
-        ranks on it still pair up in order: gloo matches a pair's sends and receives in order)."""
-        return self.config.leases and self.plan.single_configuration(key.split(":")[0])
+    def leased(self, key: str, transfers=()) -> bool:
+        """True if the group (key, or phase) takes leases: the plan's policy has them and the plan serves its
+        ``transfers`` (its phase is one configuration holding their circuits; without transfers, its phase is
+        one configuration). A send/recv between two ranks is then one group, both directions (the ops of the
+        two ranks on it still pair up in order: gloo matches a pair's sends and receives in order)."""
+        if not self.plan.leases:
+            return False
+        if key not in self.serving:
+            phase = key.split(":")[0]
+            if transfers:
+                src, dst = zip(*transfers, strict=True)
+                self.serving[key] = self.plan.serves(phase, rail_circuits(self.layout, src, dst))
+            else:
+                self.serving[key] = self.plan.single_configuration(phase)
+        return self.serving[key]
 
     def run_op(self, key: str, members, circuits, call) -> None:
         client = self.client
@@ -338,7 +354,7 @@ class Agent:
         self.run = self.run + 1 if key == self.run_key else 1
         self.run_key = key
         self.ops += 1
-        nxt = self.after.get((key, self.run)) if self.config.mode is Mode.PROVISIONED else None
+        nxt = self.after.get((key, self.run)) if self.plan.mode is Mode.PROVISIONED else None
         leased = self.leased(key)
         if leased and client.enter(key):
             self.under_lease += 1
@@ -423,6 +439,7 @@ class LightrailProcessGroup(dist.ProcessGroup):
         ring = list(zip(self.members, self.members[1:] + self.members[:1], strict=True))
         self.key = f"{self.phase}:{','.join(map(str, self.members))}"
         self.circuits = circuits_of(layout, ring if len(self.members) > 1 else [], agent.moved)
+        agent.leased(self.key, ring if len(self.members) > 1 else ())  # decided once, by the plan
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return "lightrail"
@@ -438,11 +455,11 @@ class LightrailProcessGroup(dist.ProcessGroup):
     def _p2p(self, src: int, dst: int, call):
         g_src, g_dst = self.members[src], self.members[dst]
         phase = phase_of(self.agent.layout, [g_src, g_dst])
-        if self.agent.leased(phase):  # one lease for both directions: the phase's one configuration
-            a, b = sorted((g_src, g_dst))
-            key, transfers = f"{phase}:{a}<->{b}", [(a, b), (b, a)]
-        else:
+        a, b = sorted((g_src, g_dst))
+        key, transfers = f"{phase}:{a}<->{b}", [(a, b), (b, a)]
+        if not self.agent.leased(key, transfers):  # one lease for both directions where the plan serves both
             key, transfers = f"{phase}:{g_src}->{g_dst}", [(g_src, g_dst)]
+            self.agent.leased(key, transfers)
         return self._run(key, sorted({g_src, g_dst}), circuits_of(self.agent.layout, transfers, self.agent.moved), call)
 
     def allreduce(self, *args):

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightrail.control.opus import LIGHTRAIL, OpusParams, OpusPlanner, Requirement
-from lightrail.control.plan import Mode, Plan
+from lightrail.control.opus import LIGHTRAIL, OpusPlanner, Requirement
+from lightrail.control.plan import Mode, Plan, Policy
 from lightrail.fabric.circuits import CircuitState
 from lightrail.fabric.params import RailFabric
 from lightrail.sharing import FairShare
@@ -104,9 +104,10 @@ class _Rails:
     """The rail switches executing a Plan: circuit state (:class:`CircuitState`, one device per rail,
     one port per server), the configuration each rail holds, and the leases stages hold."""
 
-    def __init__(self, plan: Plan | None, fabric: RailFabric, params: OpusParams, layout):
+    def __init__(self, plan: Plan | None, fabric: RailFabric, layout):
         shape = (layout.gpus_per_server, layout.servers)
-        self.plan, self.fabric, self.params = plan, fabric, params
+        self.plan, self.fabric = plan, fabric
+        self.policy = plan.policy if plan is not None else None
         self.state = CircuitState(*shape, fabric.delay)
         self.holds: list[str | None] = [None] * shape[0]  # configuration each rail holds (whole switch)
         self.tx_lease, self.rx_lease = np.full(shape, -1, np.int64), np.full(shape, -1, np.int64)
@@ -158,7 +159,7 @@ class _Rails:
         rail, tx, rx = req.circuits
         if not len(rail) or not self.fabric.circuits:
             return 0.0
-        if self.params.partial:
+        if self.policy.partial:
             self._ports(req, decision)
         else:
             self._switch(req, decision)
@@ -175,7 +176,7 @@ class _Rails:
         for r in np.unique(rail):
             sel = rail == r
             present = bool(np.all(self.state.present(r, tx[sel], rx[sel])))
-            if self.holds[r] == req.phase and present or present and self.params.skip_present:
+            if self.holds[r] == req.phase and present or present and self.policy.skip_present:
                 continue
             new = self.plan.configurations[req.phase][r]
             if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
@@ -203,16 +204,30 @@ class _Rails:
                                    req.phase))
 
 
-def simulate_iteration(program: Program, fabric: RailFabric, params: OpusParams = LIGHTRAIL, *,
+def simulate_iteration(program: Program, fabric: RailFabric, policy: Policy | Plan = LIGHTRAIL, *,
                        planner: OpusPlanner | None = None, durations: OpDurations | None = None) -> IterationResult:
     """Run two iterations of ``program`` on ``fabric`` and report the second (steady state).
 
-    ``planner`` and ``durations`` may be shared by runs of the same program that differ only in the
-    delay or the controller's latency (their work does not depend on those)."""
-    planner = planner or OpusPlanner(program.job.layout, params)
-    sim = _Simulation(program, fabric, planner, durations)
+    ``policy`` is the Policy to plan with, or the Plan itself (the one a runtime executes too: its policy and
+    configurations are used as given; it must be this program's). ``planner`` and ``durations`` may be shared
+    by runs of the same program that differ only in the delay or the controller's latency (their work does
+    not depend on those)."""
+    given = policy if isinstance(policy, Plan) else None
+    planner = planner or OpusPlanner(program.job.layout, given.policy if given is not None else policy)
+    sim = _Simulation(program, fabric, planner, durations, given)
     sim.run_iteration(record=False)  # leaves the rails as the previous iteration would
     return sim.result(sim.run_iteration(record=True))
+
+
+def _checked(given: Plan | None, own: Plan) -> Plan:
+    """The Plan to execute: the one given (a runtime's too), if it has this program's configurations, else
+    the planner's own."""
+    if given is None:
+        return own
+    if given.phases != own.phases or any(not np.array_equal(given.configurations[k], own.configurations[k])
+                                         for k in own.configurations):
+        raise ValueError("the plan given is not this program's (its configurations differ from the planner's)")
+    return given
 
 
 @dataclass
@@ -267,12 +282,15 @@ class _Simulation:
     """A program executed under a plan, iteration after iteration; what carries over from one
     iteration to the next (the clock, the rails, when each stage last used them) lives here."""
 
-    def __init__(self, program: Program, fabric: RailFabric, planner: OpusPlanner, durations: OpDurations | None):
+    def __init__(self, program: Program, fabric: RailFabric, planner: OpusPlanner, durations: OpDurations | None,
+                 plan: Plan | None = None):
         self.program, self.fabric, self.planner = program, fabric, planner
         self.layout = program.job.layout
-        self.plan = planner.plan(program) if fabric.circuits else None
+        self.plan = _checked(plan, planner.plan(program)) if fabric.circuits else None
+        self.policy: Policy = self.plan.policy if self.plan is not None else planner.policy
+        """What the rails and the check-ins follow: the Plan's policy."""
         self.durations = durations or OpDurations(program, fabric)
-        self.rails = _Rails(self.plan, fabric, planner.params, self.layout)
+        self.rails = _Rails(self.plan, fabric, self.layout)
         self.clock = 0.0
         """Where the next iteration starts: the end of the last one."""
         self.prior = [self.clock] * self.layout.pp
@@ -285,7 +303,7 @@ class _Simulation:
         the stage holds no lease on its configuration."""
         if not self.fabric.circuits or not req.ncircuits:
             return False
-        return not (self.planner.params.leases and self.rails.has_lease(s, req))
+        return not (self.policy.leases and self.rails.has_lease(s, req))
 
     def run_iteration(self, *, record: bool) -> _Iteration:
         """Run the program once from ``clock``; ``record`` keeps the trace events.
@@ -390,8 +408,8 @@ class _Simulation:
             start = yield from self._gather(it, s, op, start)
         track = f"stage {s}" if not op.asynchronous else f"stage {s} async {'+'.join(op.group_dims)}"
         totals = it.totals[s]
-        leases = self.planner.params.leases
-        provisioned = self.planner.params.mode is Mode.PROVISIONED
+        leases = self.policy.leases
+        provisioned = self.policy.mode is Mode.PROVISIONED
         rtt, command = self.fabric.rtt, self.fabric.command
         reqs = self.planner.requirements(op, s)
         on_rails = any(r.ncircuits for r in reqs)  # ops that stay inside servers (tp) do not end a rail phase
@@ -470,7 +488,7 @@ class _Simulation:
             per_rail[rail] += 1
             it.event(f"OCS rail {rail}", f"reconfigure to {phase}", "reconfiguration", start, end - start)
         mean = {k: float(np.mean([st[k] for st in stages])) for k in stages[0]}
-        label = "electrical" if not self.fabric.circuits else self.planner.params.label
+        label = "electrical" if not self.fabric.circuits else self.policy.label
         events = list(it.events or [])
         return IterationResult(self.fabric.kind.value, label, total, mean["compute_s"], mean["communication_s"],
                                mean["reconfiguration_s"], mean["bubble_s"],

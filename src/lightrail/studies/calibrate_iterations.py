@@ -211,7 +211,7 @@ class _Model:
                 self._runs = {mfu: JobRuns(replace(self.built.job, mfu=mfu))}  # one mfu at a time: keep one
                 runs = self._runs[mfu]
             fabric = replace(self.built.fabric, reconfig_delay=delay, check_in_rtt=rtt, command_latency=command)
-            result = runs(fabric, replace(self.built.params, mode=Mode(mode)))
+            result = runs(fabric, replace(self.built.policy, mode=Mode(mode)))
             self._photonic[key] = result.iteration_time_s
             self.simulations += 1
             self.step(f"rtt {time_text(rtt)}, command {time_text(command)}: {mode} {time_text(delay)}")
@@ -422,7 +422,7 @@ def fit_iterations(built: Built, rows: Sequence[TableRow], *, fit_delays: Sequen
         fitted={"mfu": mfu, "check_in_rtt_s": rtt, "command_latency_s": command}, scenario_values=start,
         identified={"mfu": mfu_known, **known}, rows=out, rms_relative_error=errors,
         fit_delays_s=None if fit_delays is None else [float(d) for d in fit_delays],
-        policy=built.params.label.split(" ", 1)[1],
+        policy=built.policy.label.split(" ", 1)[1],
         method="mfu: grid + bounded Brent on log(mfu); control plane: linear guess + 4x4 grid + least_squares "
                "(trf, bounds >= 0, diff_step 1%); relative error",
         simulations=model.simulations, warnings=warnings)

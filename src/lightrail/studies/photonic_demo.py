@@ -27,12 +27,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
-from lightrail.control.plan import Mode
+from lightrail.control.opus import OpusPlanner
+from lightrail.control.plan import Mode, Plan, Policy
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime import torch_backend
 from lightrail.runtime.controller.server import require_service
 from lightrail.studies.train_demo import DemoConfig, FailoverRun, Failure, run_demo, run_failover_demo
-from lightrail.workload.parallel import Layout
 
 __all__ = ["start_controller", "register_job", "ControllerKiller", "run_photonic_demo", "predicted_overhead",
            "calibrated_peak_tflops", "Prediction", "PhotonicDemoResult", "Row"]
@@ -199,14 +199,17 @@ class ControllerKiller:
                 return False
 
 
-def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str, leases: bool,
+DEMO_POLICY = Policy(split_pp=False)
+"""The policy the lightrail backend carries out: per group (partial), skip-if-present, a transfer on the rail of
+its destination GPU (pipeline rails not split), the DP all-reduce after the last pipeline op; train-demo's
+``--mode`` and ``--leases`` replace those two fields."""
+
+
+def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, policy: Policy,
               peak_tflops: float | None, check_in_rtt_s: float | None):
     from lightrail.scenario import parse_scenario
 
-    ocs = {"reconfig_delay": f"{delay_s}s", "mode": mode, "leases": leases,
-           # the policy the backend carries out: per group (partial), skip-if-present, one rail per
-           # direction not split, DP after the last pipeline op
-           "partial": True, "skip_present": True, "split_pp": False, "defer_dp": True}
+    ocs = {"reconfig_delay": f"{delay_s}s", **policy.to_dict()}
     if check_in_rtt_s is not None:
         ocs["check_in_rtt"] = f"{check_in_rtt_s}s"
     cluster = {"gpus": config.world, "gpus_per_server": gpus_per_server}
@@ -221,7 +224,10 @@ def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode:
         "cluster": cluster,
         "parallel": {"tp": config.tp, "pp": config.pp, "dp": config.dp},
         "job": {"micro_batches": config.microbatches, "micro_batch_size": config.micro_batch, "dp_buckets": 1,
-                "grad_bytes": 4, "schedule": "gpipe"},  # the demo runs GPipe, fp32 gradients in one bucket
+                "grad_bytes": 4, "schedule": "gpipe",  # the demo runs GPipe, fp32 gradients in one bucket,
+                # and after the backward only that bucket's all-reduce (train_demo.train_worker): no grad-norm,
+                # no loss all-reduce, which Megatron's step adds (a tp+pp phase across servers)
+                "megatron_step": False},
         "ocs": ocs,
     })
 
@@ -237,7 +243,7 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
     from lightrail.studies.rails import JobRuns
 
     def electrical(peak: float) -> float:
-        built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, mode="provisioned", leases=True,
+        built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=DEMO_POLICY,
                           peak_tflops=peak, check_in_rtt_s=None).build()
         return JobRuns(built.job).electrical(built.fabric).iteration_time_s
 
@@ -276,23 +282,34 @@ class Prediction:
                 "check_in_rtt_s": self.check_in_rtt_s, "leases": self.leases, "schedule": self.schedule}
 
 
-def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, mode: str, leases: bool = True,
+def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO_POLICY) -> Plan:
+    """The one Plan of a train-demo run: the planner's, for the demo job's program under ``policy``. The torch
+    backend executes it (``BackendConfig.plan``, pickled to the workers) and the prediction simulates it."""
+    from lightrail.studies.rails import JobRuns
+
+    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=policy, peak_tflops=None,
+                      check_in_rtt_s=None).build()
+    return OpusPlanner(built.job.layout, policy).plan(JobRuns(built.job).program(policy.defer_dp))
+
+
+def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, plan: Plan,
                        peak_tflops: float | None = None, check_in_rtt_s: float | None = None) -> Prediction:
     """What ``lightrail simulate`` predicts for the same model, layout, micro-batches, pipeline schedule
-    (GPipe), OCS delay, mode and lease policy. With ``peak_tflops`` (see :func:`calibrated_peak_tflops`)
-    the model computes at this CPU's speed, so its overhead can be set beside the measured one; with
-    ``check_in_rtt_s`` a controller round trip costs what it cost in the run."""
+    (GPipe) and OCS delay, executing ``plan`` (:func:`demo_plan`: its configurations and policy). With
+    ``peak_tflops`` (see :func:`calibrated_peak_tflops`) the model computes at this CPU's speed, so its overhead
+    can be set beside the measured one; with ``check_in_rtt_s`` a controller round trip costs what it cost in
+    the run."""
     from lightrail.studies.rails import JobRuns, overhead_breakdown
 
-    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, mode=mode, leases=leases,
+    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, policy=plan.policy,
                       peak_tflops=peak_tflops, check_in_rtt_s=check_in_rtt_s).build()
     runs = JobRuns(built.job)  # the photonic run and its electrical baseline, as `simulate` computes them
-    result = runs(built.fabric, built.params)
+    result = runs(built.fabric, plan)
     photonic, electrical = result.iteration_time_s, runs.electrical(built.fabric).iteration_time_s
     return Prediction(photonic, electrical, photonic - electrical, result.reconfigurations_per_iteration,
                       result.controller_round_trips_per_iteration,
-                      overhead_breakdown(runs, built.fabric, built.params, photonic, electrical), peak_tflops,
-                      check_in_rtt_s, leases, "gpipe")
+                      overhead_breakdown(runs, built.fabric, plan, photonic, electrical), peak_tflops,
+                      check_in_rtt_s, plan.leases, "gpipe")
 
 
 class Row(NamedTuple):
@@ -386,14 +403,14 @@ _BLOCK = 5
 """Steps per block when the gloo and lightrail replicas alternate."""
 
 
-def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | str = Mode.PROVISIONED,
-                      gpus_per_server: int | None = None, workdir: Path | None = None, leases: bool = True,
+def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy = DEMO_POLICY,
+                      gpus_per_server: int | None = None, workdir: Path | None = None,
                       progress=lambda what: None, kill_controller_at_step: int | Sequence[int] = (),
                       kill_controller_after_s: float | Sequence[float] = 0.0, spares: int = 0,
                       kill_rank: int | None = None, kill_at_step: int | None = None) -> PhotonicDemoResult:
     """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare with
-    ``simulate`` for the same job, its compute calibrated on the gloo run. ``leases`` lets
-    single-configuration phases hold their circuits across ops.
+    ``simulate`` for the same job, its compute calibrated on the gloo run. ``policy`` (mode, leases) is
+    planned once (:func:`demo_plan`); the backend and the prediction execute that one Plan.
 
     ``kill_controller_at_step`` (one step or several, ascending): once rank 0 has completed that many steps
     of the lightrail replica (and ``kill_controller_after_s`` more seconds, one value or one per kill), the
@@ -416,11 +433,11 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | st
     if g < 1 or config.world % g:
         raise ScenarioError(f"{config.world} ranks do not fill servers of {g}", field="--gpus-per-server",
                             fix=f"use a divisor of {config.world}")
-    mode = Mode.parse(mode, field="--mode")
     kills, after_s = _kills(config, kill_controller_at_step, kill_controller_after_s)
     failure = _failure(config, spares, kill_rank, kill_at_step)
     require_service("fastapi", "uvicorn", "httpx")  # the controller's admin API, read here: fail before training
-    layout = Layout.from_degrees(config.world, tp=config.tp, pp=config.pp, dp=config.dp, gpus_per_server=g)
+    plan = demo_plan(config, gpus_per_server=g, policy=policy)  # the one Plan: the runtime's and the model's
+    layout = plan.layout
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(workdir or tmp) / "controller.db"
         operator = secrets.token_urlsafe(32)  # the admin API's; the same after a restart
@@ -435,7 +452,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | st
             progress("training on gloo and on emulated photonic rails, alternating" if failure is None and not spares
                      else "training on emulated photonic rails with spares, then on plain gloo")
             backend = torch_backend.BackendConfig(controller=f"127.0.0.1:{info['port']}", job="train-demo",
-                                                  layout=layout, mode=mode, leases=leases, token=token)
+                                                  layout=layout, plan=plan, token=token)
             init = functools.partial(torch_backend.setup, backend)  # each worker's agent, from its argument
             reached = multiprocessing.get_context("spawn").Value("i", 0)
             elastic = bool(spares or failure is not None)  # ranks and idle spares; a rank killed; no alternating
@@ -471,8 +488,8 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | st
     round_trips = sorted(s for st in stats for s in st.get("request_s", []))
     rtt_p50 = round_trips[len(round_trips) // 2] if round_trips else None
     peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s)
-    predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, mode=mode, leases=leases,
-                                   peak_tflops=peak, check_in_rtt_s=rtt_p50)
+    predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, plan=plan, peak_tflops=peak,
+                                   check_in_rtt_s=rtt_p50)
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
     # requests per rank per iteration, the first (warm-up: groups declared, sequence learned) left out;
     # all of the rank's requests count (acks of revokes can arrive while the gloo replica trains)
@@ -484,7 +501,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, mode: Mode | st
     measured_overhead = main.median_iteration_s - plain.median_iteration_s
     return PhotonicDemoResult(
         ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps,
-        gpus_per_server=g, rails=g, ocs_delay_s=ocs_delay_s, mode=mode, leases=leases,
+        gpus_per_server=g, rails=g, ocs_delay_s=ocs_delay_s, mode=plan.mode, leases=plan.leases,
         gloo_iteration_s=plain.median_iteration_s,
         lightrail_iteration_s=main.median_iteration_s,
         overhead_s=measured_overhead,

@@ -8,8 +8,8 @@ from copy import deepcopy
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
-from lightrail.control.opus import KNOBS, ORIGINAL, OpusParams, OpusPlanner
-from lightrail.control.plan import Mode
+from lightrail.control.opus import KNOBS, ORIGINAL, OpusPlanner
+from lightrail.control.plan import Mode, Plan, Policy
 from lightrail.fabric.params import RailFabric
 from lightrail.sim.iteration import IterationResult, OpDurations, simulate_iteration
 from lightrail.sim.trace import chrome_trace
@@ -50,21 +50,24 @@ class JobRuns:
             self._programs[defer_dp] = build_program(self.job, defer_dp=defer_dp)
         return self._programs[defer_dp]
 
-    def __call__(self, fabric: RailFabric, params: OpusParams) -> IterationResult:
+    def __call__(self, fabric: RailFabric, policy: Policy | Plan) -> IterationResult:
+        """The photonic (or given fabric's) iteration under ``policy``, or under a Plan given whole (its policy)."""
+        plan = policy if isinstance(policy, Plan) else None
+        params = plan.policy if plan is not None else policy
         program = self.program(params.defer_dp)
         planner = self._planners.setdefault(params, OpusPlanner(self.job.layout, params))
         key = (params.defer_dp, params.split_pp, replace(fabric, kind="photonic" if fabric.circuits else fabric.kind,
                                                          reconfig_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
                                                          drain=True))
         durations = self._durations.setdefault(key, OpDurations(program, fabric))
-        return simulate_iteration(program, fabric, params, planner=planner, durations=durations)
+        return simulate_iteration(program, fabric, plan or params, planner=planner, durations=durations)
 
     def electrical(self, fabric: RailFabric) -> IterationResult:
         """The baseline: Megatron's own program (buckets overlap the backward) on electrical rails."""
         return simulate_iteration(build_program(self.job), replace(fabric, kind="electrical"))
 
 
-def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: OpusParams, photonic_s: float,
+def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: Policy | Plan, photonic_s: float,
                        electrical_s: float) -> dict:
     """Photonic minus electrical iteration time, in named parts, by removing one cause at a time.
 
@@ -221,7 +224,7 @@ class DelaySweep:
 def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None) -> RailsComparison:
     """Electrical rails (baseline), photonic rails with the scenario's policy, the ideal rail, the
     ablation of policies in the scenario's mode, and power and cost."""
-    job, fabric, params = built.job, built.fabric, built.params
+    job, fabric, params = built.job, built.fabric, built.policy
     step = progress or (lambda name: None)
     runs = JobRuns(job)
     electrical = runs.electrical(fabric)
@@ -285,7 +288,7 @@ def delay_sweep(built: Built, delays: Sequence[float], *,
                 progress: Callable[[str], None] | None = None) -> DelaySweep:
     """Overhead of photonic rails (scenario policy, and the published Opus) against the OCS delay, with
     each run's overhead broken down (``overhead_breakdown``)."""
-    job, fabric, params = built.job, built.fabric, built.params
+    job, fabric, params = built.job, built.fabric, built.policy
     runs = JobRuns(job)
     base = runs.electrical(fabric).iteration_time_s
     rows = []
