@@ -148,7 +148,9 @@ class JobSection(_Strict):
                                 "it modelled the step, for comparison).")
     dp_buckets: int = Field(SCENARIO_DP_BUCKETS, description="Gradient buckets launched during the last backward "
                             "with overlap_grad_reduce (without it Megatron reduces one bucket per buffer).")
-    grad_bytes: int = Field(_JOB["grad_bytes"], description="Bytes per gradient element in the sync (2 = bf16).")
+    grad_bytes: int = Field(_JOB["grad_bytes"], description="Bytes per gradient element in the gradient "
+                            "reductions: 4 (fp32), as Megatron reduces bf16 training's gradients; 2 with its "
+                            "--grad-reduce-in-bf16.")
     schedule: Literal["1f1b", "gpipe", "interleaved"] = Field(
         _JOB["schedule"].value, description="Pipeline schedule: 1F1B (Megatron), GPipe (all forwards, then all "
         "backwards), or interleaved 1F1B (Megatron's virtual pipeline stages; needs virtual_stages >= 2 and "

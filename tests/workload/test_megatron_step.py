@@ -26,7 +26,9 @@ H, V = 256, 1024
 LAYER = 4 * H * H + 3 * H * 1024 + 2 * H  # q, k, v, o + gate, up, down + two norms = 1_049_088
 # Per rank (tp 2 shards every weight): stage 0 holds 2 layers and the embedding, stage 1 2 layers, the final norm
 # and the output layer.
-GRADS = [(2 * LAYER + V * H) // 2 * 2, (2 * LAYER + H + V * H) // 2 * 2]   # bf16 bytes: 2_360_320, 2_360_576
+GRADS = [(2 * LAYER + V * H) // 2 * 4, (2 * LAYER + H + V * H) // 2 * 4]   # fp32 bytes: 4_720_640, 4_721_152
+# Megatron reduces bf16 training's gradients in fp32 (arguments.py validate_args); parameters gather in bf16.
+PARAMS = [g // 2 for g in GRADS]
 TP_PP = (Dim.TP, Dim.PP)
 REPLICAS = (Dim.CP, Dim.EP, Dim.DP)
 
@@ -119,7 +121,7 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_after_the_step():
         assert after_last_backward(prog, s) == tp_backward(s) + [
             dp("dp bucket 0", Kind.REDUCESCATTER, GRADS[s]),
             ("CollectiveOp", "grad norm", "get_grad_norm_fp32", Kind.ALLREDUCE, world, 4, False),
-            dp("dp allgather 0", Kind.ALLGATHER, GRADS[s], name="start_param_sync")] + train
+            dp("dp allgather 0", Kind.ALLGATHER, PARAMS[s], name="start_param_sync")] + train
 
 
 def test_zero_is_the_old_spelling_of_distributed_optimizer():
@@ -144,7 +146,7 @@ def test_overlap_param_gather_runs_the_gathers_behind_the_next_forward():
         ops = prog.stages[s]
         start = 0  # before the first forward's receive
         assert list(ops[start:start + 2]) == [
-            CollectiveOp(Dim.DP, Kind.ALLGATHER, GRADS[s] / 2, f"dp allgather {k}", asynchronous=True, span=REPLICAS)
+            CollectiveOp(Dim.DP, Kind.ALLGATHER, PARAMS[s] / 2, f"dp allgather {k}", asynchronous=True, span=REPLICAS)
             for k in range(2)]
         assert not any(op.label.startswith("dp allgather") for op in ops[2:])
     for bad, missing in (({"distributed_optimizer": True}, "overlap_grad_reduce"),
@@ -166,7 +168,7 @@ def test_sequence_parallel_gathers_and_scatters_and_all_reduces_the_norms_over_t
         norms = 2 * (2 * H) + (H if s == 1 else 0)  # two norms per layer, the final norm on the last stage
         step = after_last_backward(prog, s)
         layernorm = ("CollectiveOp", "layernorm grads", "_allreduce_non_tensor_model_parallel_grads", Kind.ALLREDUCE,
-                     (Dim.TP,), norms * 2, False)
+                     (Dim.TP,), norms * 4, False)  # fp32 gradients
         assert step[step.index(dp("dp bucket 0", Kind.ALLREDUCE, GRADS[s])) + 1] == layernorm
     # Megatron turns sequence parallelism off without tensor parallelism: nothing changes
     one = Layout.from_degrees(8, pp=2, dp=4, gpus_per_server=4)
@@ -194,7 +196,7 @@ def test_tied_embeddings_exchange_gradients_between_the_first_and_last_stage():
     tied = DEBUG.with_(tied_embeddings=True)
     lay = Layout.from_degrees(16, tp=2, pp=4, dp=2, gpus_per_server=4)
     prog = build_program(job(tied, lay))
-    nbytes = V * H // 2 * 2  # the vocab-parallel shard's gradient, bf16
+    nbytes = V * H // 2 * 4  # the vocab-parallel shard's gradient, fp32
     for s in range(4):
         embd = [op for op in prog.stages[s] if op.label == "embedding grads"]
         if s in (0, 3):

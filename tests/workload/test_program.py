@@ -414,18 +414,20 @@ def test_dp_bytes_are_the_stage_gradients(tied, buckets, grad_bytes):
 
 
 def test_dp_bytes_hand_figure():
-    prog = build_program(job(dp_buckets=4))
-    assert [sum(op.nbytes for op in ops if is_dp(op)) for ops in prog.stages] == [187_136, 187_136 + 64]
+    prog = build_program(job(dp_buckets=4))  # fp32 gradients, as Megatron reduces them
+    assert [sum(op.nbytes for op in ops if is_dp(op)) for ops in prog.stages] == [374_272, 374_272 + 128]
 
 
 @pytest.mark.parametrize("buckets", [1, 4])
 def test_zero_reduce_scatters_each_bucket_and_gathers_each_after_the_step(buckets):
     prog = build_program(job(zero=True, dp_buckets=buckets, overlap_grad_reduce=True))
     for s, ops in enumerate(prog.stages):
-        total = (2 * LAYER + EMBED + s * SMALL.hidden) // 2 * 2
+        params = (2 * LAYER + EMBED + s * SMALL.hidden) // 2  # tp = 2 shards every weight
         dp = [op for op in ops if is_dp(op)]
         assert [op.kind for op in dp] == ["reducescatter"] * buckets + ["allgather"] * buckets
-        assert [op.nbytes for op in dp] == pytest.approx([total / buckets] * 2 * buckets)
+        # fp32 gradients scattered, bf16 parameters gathered
+        assert [op.nbytes for op in dp] == pytest.approx([params * 4 / buckets] * buckets
+                                                         + [params * 2 / buckets] * buckets)
         assert [op.asynchronous for op in dp] == [True] * (buckets - 1) + [False] * (buckets + 1)
         # the parameters come back after the optimizer's grad norm, before train_step's reductions
         gather = ops.index(dp[buckets])
@@ -563,8 +565,8 @@ def test_dense_gradients_reduce_over_every_replica_and_experts_over_theirs():
     spans = {op.label.split()[-1]: op.group_dims for op in dp}
     assert spans == {"dense": (Dim.CP, Dim.EP, Dim.DP), "experts": (Dim.CP, Dim.DP)}
     dense, expert = prog.job.stage_params(0)
-    assert sum(op.nbytes for op in dp if op.label.endswith("dense")) == dense * 2
-    assert sum(op.nbytes for op in dp if op.label.endswith("experts")) == expert * 2
+    assert sum(op.nbytes for op in dp if op.label.endswith("dense")) == dense * 4  # fp32 gradients
+    assert sum(op.nbytes for op in dp if op.label.endswith("experts")) == expert * 4
     # with dp = 1 the ep replicas of dense weights still need their sync
     only_ep = build_program(job(moe, Layout.from_degrees(8, tp=2, ep=4, gpus_per_server=4), micro_batches=4))
     assert [op.group_dims for op in only_ep.stages[0] if is_dp(op)] == [(Dim.CP, Dim.EP, Dim.DP)]

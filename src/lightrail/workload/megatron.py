@@ -200,6 +200,6 @@ def gradient_sync_alone(job: TrainingJob, stage: int, chunk: list[ProgramOp], *,
                      else ""), asynchronous=True, span=span, megatron="start_grad_sync")
         for span, params, tag in buffers], defer_dp=defer_dp)
     if job.distributed_optimizer:
-        ops += [CollectiveOp(Dim.DP, Kind.ALLGATHER, params * job.grad_bytes, f"dp allgather {tag}", span=span,
+        ops += [CollectiveOp(Dim.DP, Kind.ALLGATHER, params * job.model.dtype_bytes, f"dp allgather {tag}", span=span,
                              megatron="start_param_sync") for span, params, tag in buffers]
     return ops

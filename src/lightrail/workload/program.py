@@ -230,8 +230,10 @@ class TrainingJob:
     """Gradient buckets with ``overlap_grad_reduce``; bucket k is launched when k/buckets of the last backward is
     done (a scenario file's default is :data:`SCENARIO_DP_BUCKETS`). Without overlap Megatron makes one bucket
     per buffer, and this is not used."""
-    grad_bytes: int = 2
-    """Bytes per gradient element in the data-parallel sync (bf16)."""
+    grad_bytes: int = 4
+    """Bytes per gradient element in the gradient reductions: 4, as Megatron-LM reduces them with bf16 training
+    (megatron/training/arguments.py ``validate_args``: with ``--bf16``, gradients are accumulated and all-reduced
+    in fp32, ``accumulate_allreduce_grads_in_fp32``, unless ``--grad-reduce-in-bf16``: then 2)."""
     schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     """Pipeline schedule; a string (``"1f1b"``, ``"gpipe"``, ``"interleaved"``) is read as a PipelineSchedule."""
     virtual_stages: int = 1
