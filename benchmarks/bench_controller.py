@@ -5,6 +5,12 @@ Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
      .venv/bin/python benchmarks/bench_controller.py --ranks 1024 [--rounds 50] [--native-floor]
                         [--frontend auto|loop|native] [--emulated-ranks auto|native|python] [--pin auto|on|off]
      .venv/bin/python benchmarks/bench_controller.py --ranks 1024 --sweep   # latency against offered load
+     .venv/bin/python benchmarks/bench_controller.py --grant-latency [--rounds 200] [--ocs-delay 2ms]
+
+``--grant-latency`` runs only :func:`grant_latency`: the train-demo's job (8 ranks on 4 servers, 2 rails, leases on)
+as 8 client processes against a controller with a 2 ms OCS, and prints the controller's grant latency by kind
+(``grant_latency_s``: lit, revoke, switch, switch_overhead), the revoke round trip (``revoke_rtt_s``) and the ranks'
+check-in round trip (``check_in_rtt_s``), each as p50 and p90 in seconds.
 
 By default ``--ranks N`` measures the controller as it is configured for that scale, on a load generator that
 leaves it the CPU: the native front end, the native emulated ranks, and the controller alone on one CPU with the
@@ -94,11 +100,11 @@ def _command(state: Path, delay: str = "0", extra: tuple[str, ...] = ()) -> list
             "--state", str(state), *extra]
 
 
-def _start(state: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, dict, float]:
+def _start(state: Path, extra: tuple[str, ...] = (), delay: str = "0") -> tuple[subprocess.Popen, dict, float]:
     """Spawn the controller (its JSON log goes to ``<state>.log``); wall time from Popen to the ready line."""
     with open(state.with_suffix(".log"), "w") as log:
         start = time.perf_counter()
-        proc = subprocess.Popen(_command(state, extra=extra), stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(_command(state, delay, extra), stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     wall = time.perf_counter() - start
     if not line:
@@ -896,6 +902,148 @@ def load_sweep(tmp: Path, n: int, rounds: int, warmup: int, time_limit: float, p
             "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()}}
 
 
+# --- --grant-latency: grant latency by kind and the revoke round trip, for a train-demo sized job ----------------
+
+GRANT_TP, GRANT_DP, GRANT_PP = 2, 2, 2  # the train-demo's layout: 8 ranks on 4 servers of 2, one rail per local rank
+
+
+def _demo_rank(rank: int) -> tuple[str, int, dict[str, tuple[str, list[int], dict]]]:
+    """Rank ``rank`` of the tp=dp=pp=2 job (Megatron order: tp fastest, then dp, then pp): its rail, its port there
+    (its server) and its groups, by role: ``pp`` and ``dp`` (leases, on the same rail, sharing its port: they
+    alternate, so every op revokes the other's lease and switches), ``loss`` (per op, the dp pair's circuits, lit
+    then: the skip-if-present path)."""
+    tp, dp, pp = rank % GRANT_TP, rank // GRANT_TP % GRANT_DP, rank // (GRANT_TP * GRANT_DP)
+    rail = f"rail{tp}"
+    server = lambda r: r // GRANT_TP  # noqa: E731 (a server holds tp ranks; its port on each rail is its number)
+    dp_members = [tp + GRANT_TP * d + GRANT_TP * GRANT_DP * pp for d in range(GRANT_DP)]
+    pp_members = [tp + GRANT_TP * dp + GRANT_TP * GRANT_DP * p for p in range(GRANT_PP)]
+
+    def pair(members):
+        a, b = (server(m) for m in members)
+        return {rail: {a: b, b: a}}
+
+    return rail, server(rank), {"pp": (f"pp.t{tp}d{dp}", pp_members, pair(pp_members)),
+                                "dp": (f"dp.t{tp}p{pp}", dp_members, pair(dp_members)),
+                                "loss": (f"loss.t{tp}p{pp}", dp_members, pair(dp_members))}
+
+
+def _grant_rank(info: dict, token: str, rank: int, world: int, iterations: int, op_s: float, compute_s: float,
+                barrier, results) -> None:
+    """One rank as its own process (multiprocessing target), with the blocking ControllerClient the torch backend
+    uses: per iteration a pp op and a dp op on leases (``enter`` under a lease still standing, else ``acquire``,
+    ``leave`` after), then a per-op loss op (acquire, release); ``compute_s`` between ops. Puts the rank's
+    round trips of the requests answered at once (release, ack) and the iterations it ran."""
+    try:
+        rail, port, groups = _demo_rank(rank)
+        client = ControllerClient(info["host"], info["port"], job="demo", rank=rank, timeout=60, token=token)
+        client.hello(world, {rail: port})
+        barrier.wait(timeout=60)  # every port is claimed (a group's circuits may use a peer's)
+        for key, members, circuits in groups.values():
+            if members[0] == rank:
+                client.declare(key, members, circuits, phase=key.split(".")[0])
+        barrier.wait(timeout=60)  # every group is declared
+        client.round_trips.clear()  # hello and group are set-up, not the loop's check-ins
+        done = 0
+        for _ in range(iterations):  # a fixed count: a rank stopping early would leave its peers' acquires waiting
+            for role in ("pp", "dp"):
+                key = groups[role][0]
+                if not client.enter(key):
+                    client.acquire(key, lease=True)
+                time.sleep(op_s)
+                client.leave(key)
+                time.sleep(compute_s)
+            key = groups["loss"][0]
+            client.acquire(key)
+            time.sleep(op_s)
+            client.release(key)
+            time.sleep(compute_s)
+            done += 1
+        barrier.wait(timeout=60)  # nobody leaves (bye) while a peer may still need it in a barrier
+        client.bye()
+        client.close()
+        results.put({"rank": rank, "round_trips": client.round_trips, "iterations": done})
+    except Exception as e:  # noqa: BLE001 (reported by the parent)
+        barrier.abort()
+        results.put({"rank": rank, "error": repr(e)})
+
+
+def _metric_quantiles(text: str, name: str, labels: str = "") -> dict:
+    """p50 and p90 (seconds) and the count of a summary on /metrics (``labels``: e.g. ``kind="lit"``), from its
+    quantile samples; None while it has no sample."""
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith(name))
+    series = lambda suffix, extra: f"{name}{suffix}{{{','.join(x for x in (labels, extra) if x)}}}"  # noqa: E731
+    quantile = lambda q: float(values[key]) if (key := series("", f'quantile="{q}"')) in values else None  # noqa: E731
+    count = values.get(series("_count", "") if labels else f"{name}_count", 0)
+    return {"p50": quantile(0.5), "p90": quantile(0.9), "count": int(float(count))}
+
+
+def _quantiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    q = lambda p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None  # noqa: E731
+    return {"p50": q(0.5), "p90": q(0.9), "count": len(xs)}
+
+
+def grant_latency(tmp: Path, iterations: int, ocs_delay: str, *, op_s: float = 0.001, compute_s: float = 0.001,
+                  time_limit: float = 120.0) -> dict:
+    """``--grant-latency``: the train-demo's job (tp=dp=pp=2: 8 ranks, 4 servers, 2 rails; leases on) as 8 client
+    processes over loopback against a real ``lightrail controller serve`` with an OCS delay of ``ocs_delay``. On each
+    rail a pp pair and a dp pair share a port, so every pp and dp op revokes the other's lease and switches; the per-op
+    loss op finds its circuits lit. From the controller's /metrics: the grant latency by kind (ready, the last
+    member's acquire in, to the grant; ``switch_overhead``: a switch grant's latency minus the switch delay waited)
+    and the revoke round trip (push to lease end); from the ranks: the round trip of a request answered at once
+    (``check_in_rtt_s``: release, ack). Figures are over the whole run (the first iteration included)."""
+    import multiprocessing
+
+    world = GRANT_TP * GRANT_DP * GRANT_PP
+    servers = world // GRANT_TP
+    state = tmp / "grant.db"
+    proc, info, _ = _start(state, extra=("--rails", str(GRANT_TP), "--ports", str(servers)), delay=ocs_delay)
+    admin = f"http://{info['host']}:{info['admin_port']}"
+    try:
+        token = httpx.post(f"{admin}/jobs", json={"job": "demo", "world": world},
+                           headers={"Authorization": f"Bearer {info['operator_token']}"}, timeout=10).json()["token"]
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(world), ctx.Queue()
+        start = time.perf_counter()
+        workers = [ctx.Process(target=_grant_rank, args=(info, token, r, world, iterations, op_s, compute_s,
+                                                          barrier, results)) for r in range(world)]
+        for w in workers:
+            w.start()
+        parts = [results.get(timeout=time_limit) for _ in workers]
+        wall = time.perf_counter() - start
+        for w in workers:
+            w.join(30)
+        errors = [p["error"] for p in parts if "error" in p]
+        if errors:
+            raise RuntimeError(errors[0])
+        text = httpx.get(f"{admin}/metrics", timeout=10).text
+        controller = _controller_metrics(admin)
+    except Exception as e:  # noqa: BLE001 (reported in the JSON, with the controller's last log lines)
+        returncode = proc.poll()
+        _stop(proc)
+        return {"error": repr(e), "controller_returncode": returncode, "controller_log_tail": _log_tail(state)}
+    _stop(proc)
+    kinds = {kind: _metric_quantiles(text, "lightrail_grant_latency_seconds", f'kind="{kind}"')
+             for kind in ("lit", "revoke", "switch")}
+    kinds["switch_overhead"] = _metric_quantiles(text, "lightrail_grant_overhead_seconds", 'kind="switch"')
+    return {"ranks": world, "servers": servers, "rails": GRANT_TP, "layout": "tp=2 dp=2 pp=2, leases on pp and dp",
+            "ocs_delay": ocs_delay, "op_s": op_s, "compute_s": compute_s,
+            "iterations": min(p["iterations"] for p in parts),
+            "wall_s": round(wall, 3),
+            "grant_latency_s": kinds,
+            "revoke_rtt_s": _metric_quantiles(text, "lightrail_revoke_seconds"),
+            "check_in_rtt_s": _quantiles([x for p in parts for x in p["round_trips"]]),
+            "revocations": int(_sample(text, "lightrail_revocations_total")),
+            "reconfigurations": controller["reconfigurations"], "grants": controller["grants"],
+            "unsafe_reconfigurations": controller["unsafe_reconfigurations"],
+            "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()},
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _sample(text: str, series: str) -> float:
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split(" ", 1)[0] == series), 0.0)
+
+
 def _frontend(tmp: Path, asked: str) -> str:
     """``--frontend``: auto is native where the controller's concentrator builds here (Linux, a C compiler)."""
     from lightrail.runtime.controller.frontend import SOURCE
@@ -937,9 +1085,19 @@ def main() -> None:
     parser.add_argument("--paces", default=",".join(map(str, SWEEP_PACES)),
                         help="--sweep: the paces, seconds, comma-separated (0: full rate)")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--grant-latency", action="store_true", help="only the grant-latency run: the train-demo's "
+                        "job (8 ranks, 4 servers, 2 rails, leases on) as client processes; the controller's grant "
+                        "latency by kind (lit, revoke, switch, switch overhead) and revoke round trip from /metrics, "
+                        "the ranks' check-in round trip (--rounds: iterations, default 200)")
+    parser.add_argument("--ocs-delay", default="2ms", help="--grant-latency: the emulated OCS delay (default 2ms)")
     args = parser.parse_args()
     if args.floor_server:
         _floor_serve()
+        return
+    if args.grant_latency:
+        with tempfile.TemporaryDirectory(prefix="lightrail-bench-controller-") as tmpdir:
+            out = grant_latency(Path(tmpdir), args.rounds or 200, args.ocs_delay, time_limit=args.time_limit)
+        print(json.dumps(out, indent=2))
         return
     if args.ranks is not None:
         if not 2 <= args.ranks <= 65536:

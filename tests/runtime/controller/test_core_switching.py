@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lightrail.errors import InfeasibleError, LightrailError
 from lightrail.runtime.controller.config import default_config
 from lightrail.runtime.controller.store import Store
-from lightrail.runtime.ocs import changed_ports
+from lightrail.runtime.ocs import changed_ports, moving_ports
 
 PAIR = {"rail0": {0: 1, 1: 0}}
 
@@ -35,6 +35,38 @@ def test_a_group_on_ports_an_admin_change_switches_is_granted_only_when_they_are
         assert all(f.done() for f in fs) and vt.now == pytest.approx(t0 + 1.0)
         assert c.devices["rail0"].reconfigurations == 1 and c.counters["grants_without_change"] == 1
         assert sorted(c.latencies) == pytest.approx([0.998, 0.998])
+
+    asyncio.run(run())
+
+
+def test_moving_ports_are_the_ports_a_change_steers_not_those_it_darkens():
+    before = {0: 2, 2: 0, 1: 3, 3: 1}
+    after = {0: 1, 1: 0}  # 0 and 1 pair up: 2 and 3 lose their peers
+    assert changed_ports(before, after) == ({0, 1, 2, 3}, {0, 1, 2, 3})
+    assert moving_ports(before, after) == ({0, 1}, {0, 1})
+    assert moving_ports(after, {**after, 2: 3, 3: 2}) == ({2, 3}, {2, 3})
+    assert moving_ports(before, {0: 2, 2: 0}) == (set(), set())  # only darkened: nothing steers
+
+
+def test_two_groups_that_darken_each_others_old_peers_switch_at_once(make, declare, acquire, job_of):
+    """The train-demo's rail: PP circuits 0<->2 and 1<->3, then DP pairs 0<->1 and 2<->3. Each DP change darkens
+    the ports the other steers; none steers a port the other steers, so both switch together: granted one
+    delay after the ask, not one after the other (the issue's serialized switches)."""
+    async def run():
+        c, vt = make(default_config(rails=2, ports=8, delay=1.0))
+        job_of(c, world=4)
+        c.configure("rail0", {0: 2, 2: 0, 1: 3, 3: 1}, job="j")
+        vt.now += 1.0
+        await vt.settle()
+        declare(c, "j", "a", [0, 1], {"rail0": {0: 1, 1: 0}})
+        declare(c, "j", "b", [2, 3], {"rail0": {2: 3, 3: 2}})
+        t0 = vt.now
+        fa = [acquire(c, "j", r, "a") for r in (0, 1)]
+        fb = [acquire(c, "j", r, "b") for r in (2, 3)]
+        await vt.settle()
+        assert all(f.done() for f in fa + fb) and vt.now == pytest.approx(t0 + 1.0)
+        assert c.devices["rail0"].state() == {0: 1, 1: 0, 2: 3, 3: 2}
+        assert c.counters["unsafe_reconfigurations"] == 0
 
     asyncio.run(run())
 
@@ -185,10 +217,11 @@ def _admin_harness(Harness):
                     before = _d.state()
                     done = _orig(changes, now)
                     ins, outs = changed_ports(before, _d.state())
-                    for p in ins | outs:
+                    for p in ins | outs:  # no port a change touches may be mid-steer
                         if self.deadline.get((_name, p), 0.0) > now + 1e-9:
                             self.violations.append(f"{_name}:{p} switched at {now} mid-switch "
                                                    f"(until {self.deadline[(_name, p)]})")
+                    for p in set().union(*moving_ports(before, _d.state())):  # the ports it steers
                         self.deadline[(_name, p)] = max(self.deadline.get((_name, p), 0.0), done)
                     return done
                 driver.apply = apply

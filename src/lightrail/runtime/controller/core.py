@@ -33,10 +33,13 @@ an op for a peer that acked and asks for the next round would wait forever, and 
 dark under data still in flight. The next op after a lease re-acquires (barrier again).
 
 Never granted before lit, never switched mid-switch: every change, a group's or an admin's
-(``configure``), records per (device, port) when its switch completes (``switching``, stored in
+(``configure``), records per (device, port) it steers when its switch completes (``switching``, stored in
 wall-clock time so a restarted controller still waits). A group using a port still switching is
 granted only after that time; a change to such a port waits (a group's) or is refused (an admin's,
-naming ``changes.<port>`` and when to retry).
+naming ``changes.<port>`` and when to retry). A port a change only darkens (its peer taken by another
+port) is not steered (``ocs.moving_ports``: on a beam-steering OCS each port turns only for its own new
+connection), so another change may steer it at once: two groups on one rail that each darken the other's
+old peers switch together, not one delay after the other.
 
 Tenancy and failures: ``register_job`` gives a job its secret (kept as a sha256), ``authenticate``
 checks it (the server does, before ``hello``). A job registered with spares has idle spare ranks
@@ -49,6 +52,17 @@ circuits are lit now. ``port_failed`` marks a port dead: groups using it are ref
 Cost: groups are indexed by job and by (device, port), and the groups that may be scheduled are kept
 in a set, so a request looks only at groups on the ports it touches (``visits`` counts the groups
 looked at; another tenant's groups do not add to it).
+
+Grant timing (``grant_latency``, ``grant_overhead``, ``revoke_rtt``: :class:`Timings`, in the injected clock): per
+group grant, the time from *ready* (the arrival of the last member's acquire of the round, the latest of the granted
+waiters' arrival times) to the grant, by what the grant needed: ``switch`` if a switch for it completed after it was
+ready (so the members waited for some of it), else ``revoke`` if a lease on ports it switches had to end after it was
+ready, else ``lit``. For a switch, ``grant_overhead`` is that latency minus the part of the switch delay that fell
+after ready (the whole delay unless a prepare started it earlier). A switch or revoke that was over before the last
+member arrived (prepare hid it) counts as ``lit``: the circuits were there when every member was. Each revoke's
+round trip is the time from its push to the end of the lease (last ack or release in). Skip-if-present grants a
+lit group even while a lease holds the same circuits, so a revoke is needed only to switch: ``revoke`` has
+samples only when another group's switch lit the circuits after the lease ended.
 
 Storage: every durable change is written to the Store first; a failed write (another process holding
 the lock past its bound) raises :class:`~lightrail.errors.InfeasibleError` naming ``state`` and leaves
@@ -76,10 +90,11 @@ from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
 from lightrail.runtime.controller.protocol import Ack, Acquire, Bye, Group, Hello, Hold, Release
 from lightrail.runtime.controller.store import Store
-from lightrail.runtime.ocs import changed_ports, make_driver
+from lightrail.runtime.ocs import changed_ports, make_driver, moving_ports
 
-__all__ = ["Controller", "Failover", "GroupState", "GroupStatus", "RankFailed", "Superseded"]
+__all__ = ["Controller", "Failover", "GroupState", "GroupStatus", "RankFailed", "Superseded", "Timings"]
 
+_NEVER = float("-inf")  # a time before any: no switch, no revoke yet
 _EPS = 1e-9  # seconds: a deadline this close counts as reached (float rounding of now + delay)
 RESYNC_GRACE_S = 30.0  # after a restart: the client's reconnect bound (reconnect_timeout, docs/controller.md)
 
@@ -123,6 +138,32 @@ class Waiter(asyncio.Future):
         if self.on_done is not None and not self.done():
             self.add_done_callback(self.on_done)
             self.on_done = None
+
+
+class Timings:
+    """Durations in seconds: the last 100,000 (``samples``, for quantiles) and the count and sum of all since
+    start (a Prometheus summary's ``_count`` and ``_sum``, monotonic past the window). ``add`` is an append and
+    two additions: it runs once per grant or revoke, on the request path."""
+
+    __slots__ = ("samples", "count", "sum")
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=100_000)
+        self.count = 0
+        self.sum = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+        self.count += 1
+        self.sum += seconds
+
+    def summary(self) -> dict:
+        """Count, mean, median and p90 of the window (for JSON views and tests; sorts: not for the request path)."""
+        xs = sorted(self.samples)
+        if not xs:
+            return {"count": self.count, "mean": None, "p50": None, "p90": None}
+        return {"count": self.count, "mean": sum(xs) / len(xs), "p50": xs[len(xs) // 2],
+                "p90": xs[min(len(xs) - 1, int(0.9 * len(xs)))]}
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -175,6 +216,12 @@ class GroupState:
     # Waiting acquires that carry ``rejoin``: rank -> the acquire's ``op_no`` (None: it carries none)
     rejoins: dict[int, int | None] = field(default_factory=dict)
     order: int = 0  # declaration order: ties in ready_since are scheduled in it (deterministic runs)
+    # Grant timing (clock times; _NEVER: none): its latest switch's start and completion, the latest time a lease
+    # kept it waiting, and when revoke was pushed to the holders of its own lease.
+    switch_start: float = _NEVER
+    switch_done: float = _NEVER
+    revoked_at: float = _NEVER
+    revoke_pushed: float = _NEVER
 
     def __post_init__(self) -> None:
         self._ports = {d: (set(c), set(c.values())) for d, c in self.circuits.items()}
@@ -253,6 +300,11 @@ class Controller:
         self.visits = 0  # groups looked at by scheduling and port checks (the work a request costs)
         self.intent: dict[tuple[str, int], str] = {}
         self.latencies: deque[float] = deque(maxlen=100_000)  # acquire -> grant, seconds
+        # ready -> grant per group grant, by what it needed; a switch's minus its delay waited; revoke -> lease end
+        self.grant_latency: dict[str, Timings] = {"lit": Timings(), "revoke": Timings(), "switch": Timings()}
+        self.grant_overhead = Timings()
+        self.revoke_rtt = Timings()
+        self._lit = self.grant_latency["lit"]  # the common kind, without the lookup
         self.counters: dict[str, float] = {"requests": 0, "errors": 0, "grants": 0, "grants_without_change": 0,
                                            "leases": 0, "revocations": 0, "rejoins": 0, "unsafe_reconfigurations": 0}
         self._lease_ids = itertools.count(1)
@@ -705,6 +757,7 @@ class Controller:
                     raise InfeasibleError(f"port {port} on {device} is dead", field=f"changes.{i}",
                                           fix=f"re-plan without it (or POST /devices/{device}/ports/{port}/repair)")
         now = self.clock()
+        steered = set().union(*moving_ports(driver.state(), after))
         for port in sorted(ins | outs):
             until = self._switching_until(device, [port])
             if until > now + _EPS:
@@ -718,13 +771,13 @@ class Controller:
             port = min(hot_in | hot_out)
             raise InfeasibleError(f"port {port} on {device} carries traffic", field=f"changes.{port}",
                                   fix="wait until its group is released")
-        switched = ins | outs
-        if switched:
+        switched = steered
+        if ins | outs:
             wall = self.wall()
             self.store.switch({device: after}, {(device, p): wall + driver.delay_s for p in switched},
                               {f"reconfigurations:{device}": 1, f"circuit_changes:{device}": len(ins)})  # write first
         done = driver.apply(changes, now)
-        if switched:
+        if ins | outs:
             self._mark_switching(device, switched, done)
             self.applies.append({"device": device, "group": None, "job": job, "phase": "admin", "at": now,
                                  "changed_inputs": sorted(ins), "changed_outputs": sorted(outs),
@@ -764,8 +817,9 @@ class Controller:
         return self._used(device, ins, outs, busy)
 
     def _switching_until(self, device: str, ports) -> float:
-        """When the last switch under way on any of ``ports`` completes, or, after a restart, when a port
-        of a rank that has not resumed may be switched (0: now)."""
+        """When the last switch under way on any of ``ports`` completes (a switch marks the ports it steers,
+        ``moving_ports``, not those it only darkens), or, after a restart, when a port of a rank that has not
+        resumed may be switched (0: now)."""
         until = max((self.switching.get((device, p), 0.0) for p in ports), default=0.0)
         if self.unsynced and self.clock() < self.resync_until and any((device, p) in self.unsynced for p in ports):
             until = max(until, self.resync_until)
@@ -901,7 +955,7 @@ class Controller:
                                                                               self.devices[d].validate(c))))
                         for d, c in changes.items())
             if until > now + _EPS:
-                self._wake_at(until)  # a port it switches is still switching: never switch mid-switch
+                self._wake_at(until)  # a port it changes is still being steered: never switch mid-switch
                 continue
             self._switch(g, changes)
 
@@ -925,9 +979,12 @@ class Controller:
                             return
                         if h not in leases:
                             leases.append(h)
+        if leases:
+            g.revoked_at = self.clock()  # it waits for a lease to end (grant timing: ``revoke`` if this is after ready)
         for h in leases:
             if not h.revoking:
                 h.revoking = True
+                h.revoke_pushed = self.clock()
                 self.counters["revocations"] += 1
                 self.log("revoke", job=h.job, group=h.key, lease=h.lease, holders=sorted(h.holders), wanted_by=g.key)
                 for rank in sorted(h.holders):
@@ -943,31 +1000,32 @@ class Controller:
             driver = self.devices[device]
             after = driver.validate(c)
             ins, outs = changed_ports(driver.state(), after)
-            plan[device] = (c, after, ins, outs)
-        until = {(d, p): wall + self.devices[d].delay_s for d, (_, _, ins, outs) in plan.items() for p in ins | outs}
+            plan[device] = (c, after, ins, outs, set().union(*moving_ports(driver.state(), after)))
+        until = {(d, p): wall + self.devices[d].delay_s for d, (*_, steered) in plan.items() for p in steered}
         counters: dict[str, float] = {"reconfiguration_seconds": max(self.devices[d].delay_s for d in plan)}
-        for d, (c, _, _, _) in plan.items():
+        for d, (c, *_) in plan.items():
             counters[f"reconfigurations:{d}"] = 1
             counters[f"circuit_changes:{d}"] = len(c)
         try:
-            self.store.switch({d: after for d, (_, after, _, _) in plan.items()}, until, counters)
+            self.store.switch({d: after for d, (_, after, *_) in plan.items()}, until, counters)
         except InfeasibleError as e:
             self._fail_waiters(g, e)
             return
         done = now
-        for device, (c, _, ins, outs) in plan.items():
+        for device, (c, _, ins, outs, steered) in plan.items():
             driver = self.devices[device]
             b_in, b_out = self._used(device, ins, outs, GroupState.active)  # independent of _schedule's check
             if b_in or b_out or self._switching_until(device, ins | outs) > now + _EPS:
                 self.counters["unsafe_reconfigurations"] += 1  # never happens: _schedule checked it
             d_done = driver.apply(c, now)
             done = max(done, d_done)
-            self._mark_switching(device, ins | outs, d_done)
+            self._mark_switching(device, steered, d_done)
             self.applies.append({"device": device, "group": g.key, "job": g.job, "phase": g.phase, "at": now,
                                  "changed_inputs": sorted(ins), "changed_outputs": sorted(outs),
                                  "busy_inputs": sorted(b_in), "busy_outputs": sorted(b_out)})
         self.log("reconfigure", job=g.job, group=g.key, phase=g.phase, devices=sorted(changes), delay_s=done - now)
         g.status = GroupStatus.APPLYING
+        g.switch_start, g.switch_done = now, done
         task = asyncio.get_running_loop().create_task(self._settle(g, done - now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -1001,12 +1059,27 @@ class Controller:
             self.counters["leases"] += 1
         g.lease_asks = set()
         now = self.clock()
+        ready = _NEVER  # when the last member's acquire arrived
         for rank in g.holders:
             fut, asked = g.waiters.pop(rank)
+            if asked > ready:
+                ready = asked
             if not fut.done():
                 fut.set_result(reply)
                 self.latencies.append(now - asked)
         self.counters["grants"] += 1
+        if g.switch_done < ready and g.revoked_at < ready:  # lit (times left from before ready never count)
+            self._lit.add(now - ready)
+        elif ready == _NEVER:
+            return  # no member (nothing to time)
+        elif g.switch_done >= ready:  # a switch for it was not over when every member was there
+            waited = min(g.switch_done, now) - max(g.switch_start, ready)  # its delay after ready (<= the delay)
+            self.grant_latency["switch"].add(now - ready)
+            self.grant_overhead.add(now - ready - max(0.0, waited))
+            g.switch_start = g.switch_done = g.revoked_at = _NEVER
+        else:
+            self.grant_latency["revoke"].add(now - ready)
+            g.revoked_at = _NEVER
 
     def _rejoin(self, g: GroupState, rank: int) -> None:
         """A member behind the others in a revoked lease runs its remaining ops at once, up to ``until``
@@ -1070,6 +1143,8 @@ class Controller:
             self._rejoin(g, rank)
         if g.holders or len(set(g.ops.values())) > 1:
             return False  # someone is still inside, has not answered, or must run its remaining ops
+        if g.revoking:
+            self.revoke_rtt.add(self.clock() - g.revoke_pushed)
         g.status, g.lease, g.revoking, g.ops, g.limit = GroupStatus.IDLE, None, False, {}, {}
         self._ready.add(g)
         if g.intents and len(g.intents) == len(g.members):

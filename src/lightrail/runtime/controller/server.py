@@ -287,6 +287,31 @@ class _Collector:
                 f.add_sample("lightrail_acquire_latency_seconds", {"quantile": str(q)},
                              lat[min(len(lat) - 1, int(q * len(lat)))])
         yield f
+        yield self._timings("grant_latency_seconds", "Controller side, per group grant: from ready (the last "
+                            "member's acquire in) to the grant; kind: lit (circuits present, no lease revoked), "
+                            "revoke (a lease on its ports revoked first), switch (the switch reconfigured).",
+                            c.grant_latency)
+        yield self._timings("grant_overhead_seconds", "Per switch grant: its grant latency minus the switch delay "
+                            "the controller waited after ready (what is not the OCS itself).",
+                            {"switch": c.grant_overhead})
+        yield self._timings("revoke_seconds", "Revocation round trip: from pushing revoke to a lease's holders "
+                            "until the lease ended (last ack or release in; its ports free).", {"": c.revoke_rtt})
+
+    def _timings(self, name: str, help_: str, by_kind: dict):
+        """A summary from core :class:`~lightrail.runtime.controller.core.Timings` (labelled by ``kind`` unless
+        the only key is ""): quantiles over the last 100,000, ``_count`` and ``_sum`` since start. Every kind is
+        shown, with no quantile while it has no sample, so the families exist from the start."""
+        name = f"lightrail_{name}"
+        labels = [] if list(by_kind) == [""] else ["kind"]
+        f = self.summary(name, help_, labels=labels)
+        for kind, t in by_kind.items():
+            lat = sorted(t.samples)
+            label = {"kind": kind} if labels else {}
+            for q in (0.5, 0.9, 0.99):
+                if lat:
+                    f.add_sample(name, {**label, "quantile": str(q)}, lat[min(len(lat) - 1, int(q * len(lat)))])
+            f.add_metric([kind] if labels else [], count_value=t.count, sum_value=t.sum)
+        return f
 
     @staticmethod
     def _one(kind, name: str, help_: str, value: float):

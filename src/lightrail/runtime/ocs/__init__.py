@@ -14,10 +14,11 @@ from __future__ import annotations
 import inspect
 
 from lightrail.errors import ScenarioError
-from lightrail.runtime.ocs.driver import Changes, OCSDriver, changed_ports, validate_changes
+from lightrail.runtime.ocs.driver import Changes, OCSDriver, changed_ports, moving_ports, validate_changes
 from lightrail.runtime.ocs.emulated import EmulatedOCS
 
-__all__ = ["DRIVERS", "Changes", "EmulatedOCS", "OCSDriver", "changed_ports", "make_driver", "validate_changes"]
+__all__ = ["DRIVERS", "Changes", "EmulatedOCS", "OCSDriver", "changed_ports", "make_driver", "moving_ports",
+           "validate_changes"]
 
 DRIVERS: dict[str, type] = {"emulated": EmulatedOCS}
 """Driver classes by the name a controller configuration gives (``driver = "emulated"``)."""

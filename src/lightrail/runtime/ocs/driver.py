@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from lightrail.errors import InfeasibleError, ScenarioError
 
-__all__ = ["OCSDriver", "changed_ports", "validate_changes"]
+__all__ = ["OCSDriver", "changed_ports", "moving_ports", "validate_changes"]
 
 Changes = Mapping[int, int | None]
 """A change set: input -> new output, or None to darken that input."""
@@ -90,6 +90,19 @@ def changed_ports(before: Mapping[int, int], after: Mapping[int, int]) -> tuple[
     fed_before = {o: i for i, o in before.items()}
     fed_after = {o: i for i, o in after.items()}
     outputs = {o for o in fed_before.keys() | fed_after.keys() if fed_before.get(o) != fed_after.get(o)}
+    return inputs, outputs
+
+
+def moving_ports(before: Mapping[int, int], after: Mapping[int, int]) -> tuple[set[int], set[int]]:
+    """Inputs and outputs a change steers: an input given a new output, an output fed by a new input.
+
+    A port the change only darkens (its peer taken by another port, or disconnected) is left where it points: on a
+    beam-steering OCS (3D MEMS, piezo collimators) each port's element turns only to make its own new connection,
+    so another change may steer a darkened port at once. ``changed_ports`` minus these is what goes dark unmoved.
+    """
+    inputs = {i for i, o in after.items() if o is not None and before.get(i) != o}
+    fed_before = {o: i for i, o in before.items()}
+    outputs = {o for i, o in after.items() if o is not None and fed_before.get(o) != i}
     return inputs, outputs
 
 
