@@ -23,6 +23,7 @@ from lightrail.fabric.params import (
     COMMAND_LATENCY,
     HOP_LATENCY,
     RECONFIG_DELAY,
+    REVOKE_RTT,
     FabricKind,
     RailFabric,
 )
@@ -179,6 +180,9 @@ class _OcsFacts(_Strict):
                               "controller (default: lightrail's controller, measured; see fabric/params.py).")
     command_latency: str = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision to "
                                  "the start of a reconfiguration (default: measured, see fabric/params.py).")
+    revoke_rtt: str = Field(f"{REVOKE_RTT * 1e3:g}ms", description="From the controller's revoke of a lease to its "
+                            "end, every holder's ack in (default: lightrail's controller, measured; see "
+                            "fabric/params.py).")
 
     def policy(self) -> Policy:
         """The section's policy fields as the one Policy object the Plan carries."""
@@ -257,6 +261,7 @@ class Scenario(_Strict):
                             alpha=parse_time(c.alpha, field="cluster.alpha"), routing=c.routing,
                             check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
                             command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"),
+                            revoke_rtt=parse_time(self.ocs.revoke_rtt, field="ocs.revoke_rtt"),
                             sharing=self.engine.sharing, collectives=self.engine.collectives)
         params = self.ocs.policy()
         known = {f.name for f in fields(CostFacts)}

@@ -46,7 +46,7 @@ def run(b, *, kind="photonic", delay=10e-3, params=LIGHTRAIL, control=None):
     """One steady-state iteration; ``control`` = (check-in round trip, command latency), default the fabric's."""
     fabric = replace(b.fabric, kind=kind, reconfig_delay=delay)
     if control is not None:
-        fabric = replace(fabric, check_in_rtt=control[0], command_latency=control[1])
+        fabric = replace(fabric, check_in_rtt=control[0], command_latency=control[1], revoke_rtt=control[0])
     return simulate_iteration(build_program(b.job, defer_dp=params.defer_dp), fabric, params)
 
 
@@ -154,17 +154,23 @@ def tiny_serial_job():
 
 
 def test_exposed_reconfigurations_in_a_serial_job_by_hand():
-    # Steady state: the rails hold the DP rings. On demand, the forward send waits one delay (DP ->
-    # its circuits), the backward send one (partial reconfiguration installs an op's own circuits, not
-    # the rest of its configuration), and stage 0's deferred DP one; stage 1's DP reconfiguration
+    # Steady state: the rails hold the DP rings. On demand and checking in per op, the forward send waits one
+    # delay (DP -> its circuits), the backward send one (partial reconfiguration installs an op's own circuits,
+    # not the rest of its configuration), and stage 0's deferred DP one; stage 1's DP reconfiguration
     # overlaps stage 0's backward. So the iteration grows by exactly 3 delays.
     b = tiny_serial_job()
-    params = OpusParams(mode="on_demand", split_pp=False)
+    params = OpusParams(mode="on_demand", split_pp=False, leases=False)
     base = run(b, delay=0.0, params=params).iteration_time_s
     for d in (1e-3, 2e-3, 7e-3):
         r = run(b, delay=d, params=params)
         assert r.iteration_time_s - base == pytest.approx(3 * d, rel=1e-9)
         assert r.reconfigurations_per_rail == [4]  # fwd, bwd, and each stage's DP ring
+    # With leases the stage pair's group is leased whole, both directions lit at its first check-in (the runtime's
+    # ``pp:a<->b``): the backward send finds its circuits, one delay and one reconfiguration fewer.
+    leased = replace(params, leases=True)
+    base = run(b, delay=0.0, params=leased).iteration_time_s
+    r = run(b, delay=7e-3, params=leased)
+    assert r.iteration_time_s - base == pytest.approx(2 * 7e-3, rel=1e-9) and r.reconfigurations_per_rail == [3]
     # Without deferring DP, stage 1's backward send also waits out the DP ring: one more delay.
     params = replace(params, defer_dp=False)
     base = run(b, delay=0.0, params=params).iteration_time_s

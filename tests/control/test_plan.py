@@ -211,7 +211,9 @@ def test_provisioned_learns_at_the_release_and_pays_the_controller_before_switch
     # request rtt/2, command, the delay (already in `quiet`), grant rtt/2
     extra = loud.iteration_time_s - quiet.iteration_time_s
     assert extra == pytest.approx(3 * (rtt + cmd), rel=1e-9)
-    assert loud.controller_round_trips_per_iteration == 2  # per rank: one send, one DP ring
+    # per rank: one send, its receive (the pair's group checks in both ranks, the runtime's barrier), one DP ring
+    assert loud.controller_round_trips_per_iteration == 3
+    assert loud.controller_requests_per_iteration == 6  # without leases each check-in is an acquire and a release
     assert time(rtt, cmd, "provisioned").iteration_time_s <= loud.iteration_time_s * (1 + 1e-12)
 
 
@@ -232,7 +234,9 @@ def test_leases_cut_round_trips_to_phase_changes():
     leased = simulate_iteration(prog, b.fabric, LIGHTRAIL)
     sends = sum(1 for op in prog.stages[0] if isinstance(op, SendOp))
     assert per_op.controller_round_trips_per_iteration >= sends  # Opus: every op checks in
-    assert leased.controller_round_trips_per_iteration == 2  # one lease per phase (pp, dp) per rank
+    # one lease per phase (pp, dp) per rank; the last stage also checks in for its first backward send: its
+    # forward receive's lease held the forward circuits, and split pipeline rails put the backward on other rails
+    assert [st["round_trips"] for st in leased.stages] == [2, 3]
     assert leased.iteration_time_s <= per_op.iteration_time_s
 
 

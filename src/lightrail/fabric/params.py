@@ -21,6 +21,7 @@ from lightrail.fabric.builders import NIC_BANDWIDTH, NVLINK_BANDWIDTH, ring, squ
 from lightrail.fabric.topology import NodeKind, Topology
 
 __all__ = ["RailFabric", "ReconfigurableFabric", "RECONFIG_DELAY", "OCS_DELAYS", "CHECK_IN_RTT", "COMMAND_LATENCY",
+           "REVOKE_RTT",
            "HOP_LATENCY", "ALPHA", "FabricKind", "Base"]
 
 # RECONFIG_DELAY, OCS_DELAYS, HOP_LATENCY and ALPHA are defined (with their sources) in lightrail.defaults,
@@ -47,6 +48,12 @@ COMMAND_LATENCY = 0.93e-3
 the same benchmark's p50 when every round reconfigures with zero OCS delay (`flip_8`: 1.35 ms) minus the
 round trip above (0.42 ms)."""
 
+REVOKE_RTT = 0.71e-3
+"""From the controller's revoke to the end of the lease (every holder's ack in): p50 over 1,596 revocations of
+the train-demo's job (8 ranks, 2 rails, leases alternating between a PP and a DP pair on each port), measured
+with `.venv/bin/python benchmarks/bench_controller.py --grant-latency` (`revoke_rtt_s`: 0.71 ms p50, 1.14 ms
+p90; 2 cores)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RailFabric:
@@ -72,6 +79,8 @@ class RailFabric:
     """Start-up cost per collective step in seconds."""
     check_in_rtt: float = CHECK_IN_RTT
     """Round trip between a rank and the controller, in seconds (photonic only)."""
+    revoke_rtt: float = REVOKE_RTT
+    """From the controller's revoke of a lease to the lease's end (its holders' acks), in seconds (photonic only)."""
     command_latency: float = COMMAND_LATENCY
     """From the controller's decision to the start of the switch, in seconds (photonic only)."""
     routing: Literal["pxn", "ecmp"] = "pxn"
@@ -93,7 +102,7 @@ class RailFabric:
             raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
                                 fix="use electrical, photonic or ideal") from None
         # named as the scenario file names them (its ocs section)
-        for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
+        for name in ("reconfig_delay", "check_in_rtt", "command_latency", "revoke_rtt"):
             if getattr(self, name) < 0:
                 raise ScenarioError(f"{name}={getattr(self, name)}", field=f"ocs.{name}",
                                     fix="use 0 or more seconds")
@@ -114,6 +123,10 @@ class RailFabric:
         """Check-in round trip: photonic rails only (electrical rails need no controller; the ideal rail
         is an ideal OCS with an ideal controller)."""
         return self.check_in_rtt if self.kind is FabricKind.PHOTONIC else 0.0
+
+    @property
+    def revoke(self) -> float:
+        return self.revoke_rtt if self.kind is FabricKind.PHOTONIC else 0.0
 
     @property
     def command(self) -> float:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lightrail.control.opus import LIGHTRAIL, OpusPlanner, Requirement
-from lightrail.control.plan import Mode, Plan, Policy
+from lightrail.control.plan import Mode, Plan, Policy, union
 from lightrail.fabric.circuits import CircuitState
 from lightrail.fabric.params import RailFabric
 from lightrail.sharing import FairShare
@@ -82,6 +82,10 @@ class IterationResult:
     """Time a stage waits for controller round trips (check-ins), mean over stages."""
     controller_round_trips_per_iteration: float = 0.0
     """Check-ins per rank per iteration (every rank of a stage checks in for its groups), mean over ranks."""
+    controller_requests_per_iteration: float = 0.0
+    """Messages per rank per iteration to the controller, as the runtime counts them (``Agent.stats``): an acquire
+    per check-in, a release after each op without leases, an ack per lease revoked, a prepare per new
+    configuration in provisioned mode; mean over ranks."""
     plan: Plan | None = field(repr=False, default=None)
 
     @property
@@ -97,6 +101,7 @@ class IterationResult:
             "reconfigurations_per_iteration": self.reconfigurations_per_iteration,
             "reconfigurations_per_rail": self.reconfigurations_per_rail,
             "controller_round_trips_per_iteration": self.controller_round_trips_per_iteration,
+            "controller_requests_per_iteration": self.controller_requests_per_iteration,
         }
 
 
@@ -112,6 +117,7 @@ class _Rails:
         self.holds: list[str | None] = [None] * shape[0]  # configuration each rail holds (whole switch)
         self.tx_lease, self.rx_lease = np.full(shape, -1, np.int64), np.full(shape, -1, np.int64)
         self.leased: dict[int, str] = {}  # stage -> configuration name it holds a lease on
+        self.acks = [0] * layout.pp  # per stage, leases that ended (each holder acks its revoke: a request)
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
 
     # -- leases ----------------------------------------------------------------------------------------
@@ -127,7 +133,10 @@ class _Rails:
         self.leased[stage] = req.phase
 
     def _drop(self, stage: int) -> None:
-        self.leased.pop(stage, None)
+        """The stage's lease ends: revoked, or it moved on to another phase (in the runtime that lease is revoked
+        when the next phase needs its ports; either way its holders ack once)."""
+        if self.leased.pop(stage, None) is not None:
+            self.acks[stage] += 1
         self.tx_lease[self.tx_lease == stage] = -1
         self.rx_lease[self.rx_lease == stage] = -1
 
@@ -143,14 +152,15 @@ class _Rails:
         rails = len(self.holds)
         if not self.fabric.drain:
             return np.zeros(rails)
-        half = self.fabric.rtt / 2
+        half, revoke = self.fabric.rtt / 2, self.fabric.revoke
         busy, held = np.zeros(rails), np.zeros(rails, bool)
         for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
             np.maximum.at(busy, rail, when[rail, port])
             np.logical_or.at(held, rail, lease[rail, port] >= 0)
-        # revoke: a holder inside an op acks when it ends
-        return np.where(held, np.maximum(decision + half, busy) + half, busy + half)
+        # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
+        # a holder inside an op acks when it ends
+        return np.where(held, np.maximum(decision + revoke, busy + revoke / 2), busy + half)
 
     # -- switching -------------------------------------------------------------------------------------
     def ensure(self, req: Requirement, decision: float) -> float:
@@ -241,6 +251,12 @@ class _StageTotals:
     reconfiguration: float = 0.0
     control: float = 0.0
     round_trips: int = 0
+    peer_wait: float = 0.0
+    """A send's wait for its receiver's check-in (a bubble: the receiver was busy elsewhere)."""
+    requests: int = 0
+    """Messages a rank sends the controller, as the runtime counts them: acquires, releases, acks, prepares."""
+    phase: str | None = None
+    """The configuration of its last check-in (a provisioned rank announces the next one when it changes)."""
 
 
 class _Iteration:
@@ -255,6 +271,12 @@ class _Iteration:
         self.next_op = [0] * stages
         self.sent: dict[tuple[int, int], list[float]] = {}  # (from, to) stage -> arrival of each send, FIFO
         self.waiting: dict[tuple[int, int], tuple[int, float]] = {}  # (from, to) -> (stage blocked, since when)
+        self.posted: dict[tuple[int, int], list[float]] = {}  # (from, to) -> when the receiver reached each receive
+        self.sends: dict[tuple[int, int], int] = {}  # (from, to) -> sends issued so far (the k-th meets the k-th post)
+        self.post_waiting: dict[tuple[int, int, int], Generator] = {}  # a send waiting for its receiver's post
+        self.preposted: set[tuple[int, int]] = set()  # (stage, op index) of receives posted with the send before
+        self.blocked: dict[int, float] = {}  # stage -> when its send began waiting for its receiver's post
+        self.now = start  # the time of the event being run
         self.streams: dict[tuple, deque] = {}
         """Per communicator (stage, group dimensions): its ops in issue order, the first one running."""
         self.issued: dict[tuple, int] = {}  # (stage, label, group dims) -> how many such ops the stage issued
@@ -265,6 +287,8 @@ class _Iteration:
         self.events: list[TraceEvent] | None = [] if record else None
         self.reconfig_mark = reconfig_mark
         """Reconfigurations before this index of ``_Rails.reconfigs`` belong to earlier iterations."""
+        self.acks_mark: list[int] = [0] * stages
+        """``_Rails.acks`` when the iteration started."""
         for stage in range(stages):
             self.push(start, stage)
 
@@ -297,12 +321,16 @@ class _Simulation:
         """Per stage, the end of its last op on the rails (when a provisioned controller learns the next phase)."""
         self.share = FairShare(fair=fabric.sharing == "fair")
         """The ops in flight and their shares of the links."""
+        self._pairs: dict[Requirement, Requirement] = {}
 
-    def _check_in(self, s: int, req: Requirement) -> bool:
+    def _check_in(self, s: int, req: Requirement, *, receiver: bool = False) -> bool:
         """Does this op (part) ask the controller first? Opus: every op on the rails; leases: only when
-        the stage holds no lease on its configuration."""
+        the stage holds no lease on its configuration. A receiver's lease on the phase is enough: its pair's
+        group (both directions, as the runtime's ``pp:a<->b``) was granted whole."""
         if not self.fabric.circuits or not req.ncircuits:
             return False
+        if receiver:
+            return not (self.policy.leases and self.rails.leased.get(s) == req.phase)
         return not (self.policy.leases and self.rails.has_lease(s, req))
 
     def run_iteration(self, *, record: bool) -> _Iteration:
@@ -312,18 +340,27 @@ class _Simulation:
         yields ``("at", time)`` to wait and ``("flow", cost)`` to move its bytes on shared links; it resumes when
         the sharing says the flow has ended."""
         it = _Iteration(self.clock, self.layout.pp, record=record, reconfig_mark=len(self.rails.reconfigs))
+        it.acks_mark = list(self.rails.acks)
         share = self.share
-        while it.queue or len(share):
-            flow = share.next_finish()
-            if flow is not None and (not it.queue or flow[0] <= it.queue[0][0]):
-                if share.finish(flow[1], flow[0]):  # else its bytes have moved and its latency runs on
-                    self._resume(it, flow[1], flow[0])
-                continue
-            t, _, who = heapq.heappop(it.queue)
-            if isinstance(who, int):
-                self._step(it, who, t)
-            else:
-                self._resume(it, who, t)
+        while True:
+            while it.queue or len(share):
+                flow = share.next_finish()
+                if flow is not None and (not it.queue or flow[0] <= it.queue[0][0]):
+                    it.now = flow[0]
+                    if share.finish(flow[1], flow[0]):  # else its bytes have moved and its latency runs on
+                        self._resume(it, flow[1], flow[0])
+                    continue
+                t, _, who = heapq.heappop(it.queue)
+                it.now = t
+                if isinstance(who, int):
+                    self._step(it, who, t)
+                else:
+                    self._resume(it, who, t)
+            if not it.post_waiting or not self._post_ahead(it):
+                break
+        if it.post_waiting or it.waiting:
+            stuck = sorted(it.post_waiting or it.waiting)
+            raise RuntimeError(f"the pipeline deadlocked: sends or receives wait on {stuck}")
         it.end = max(max(it.finish), it.async_end, float(np.max(self.rails.state.tx_busy, initial=it.start)))
         self.clock = it.end
         return it
@@ -341,8 +378,16 @@ class _Simulation:
                 it.next_op[s] += 1
                 it.push(t + op.seconds, s)
             case RecvOp() as op:
+                if (s, it.next_op[s]) not in it.preposted:
+                    self._post(it, (s + op.offset, s), t)
                 self._receive(it, s, op, t)
             case CollectiveOp() | SendOp() as op:
+                nxt = it.next_op[s] + 1
+                if isinstance(op, SendOp) and not op.asynchronous and nxt < len(ops) and isinstance(ops[nxt], RecvOp):
+                    # a send and the receive after it are posted together (Megatron's batched isend/irecv in
+                    # p2p_communication.py _communicate): the receive's peer need not wait for the send to end
+                    it.preposted.add((s, nxt))
+                    self._post(it, (s + ops[nxt].offset, s), t)
                 it.next_op[s] += 1
                 if op.asynchronous:
                     it.push(t, s)  # the stage goes on; the op runs on its communicator's stream
@@ -368,11 +413,39 @@ class _Simulation:
                     break
             return
         if what == "at":
-            it.push(arg, proc)
+            it.push(max(arg, it.now), proc)
         elif what == "gather":
             it.gathering[arg].append(proc)
+        elif what == "post":
+            it.post_waiting[arg] = proc
+            it.blocked[arg[0]] = t
         else:
             self.share.start(proc, arg, t)
+
+    def _post(self, it: _Iteration, key: tuple[int, int], t: float) -> None:
+        """The receiver of channel ``key`` (from, to) reached its next receive at ``t``: a send waiting for that
+        (its group's check-in barrier) goes on."""
+        posts = it.posted.setdefault(key, [])
+        posts.append(t)
+        proc = it.post_waiting.pop((*key, len(posts) - 1), None)
+        if proc is not None:
+            it.push(max(t, it.now), proc)
+
+    def _post_ahead(self, it: _Iteration) -> bool:
+        """Every stage waits in a send for a receiver that waits in a send (a ring of them, as interleaved 1F1B's
+        wrap makes): Megatron posts a stage's sends and receives of a step together (p2p_communication.py
+        ``_communicate``, batch_isend_irecv), so each receiver posted its next receive on the channel when it
+        blocked in its own send. Returns False if no waiting send found its receive (a true deadlock)."""
+        moved = False
+        for src, dst, _ in sorted(it.post_waiting):
+            ops = self.program.stages[dst]
+            for idx in range(it.next_op[dst], len(ops)):
+                if isinstance(ops[idx], RecvOp) and dst + ops[idx].offset == src and (dst, idx) not in it.preposted:
+                    it.preposted.add((dst, idx))
+                    self._post(it, (src, dst), it.blocked.get(dst, it.now))
+                    moved = True
+                    break
+        return moved
 
     def _receive(self, it: _Iteration, s: int, op: RecvOp, t: float) -> None:
         key = (s + op.offset, s)
@@ -414,27 +487,44 @@ class _Simulation:
         reqs = self.planner.requirements(op, s)
         on_rails = any(r.ncircuits for r in reqs)  # ops that stay inside servers (tp) do not end a rail phase
         repeat = op.count if len(reqs) > 1 or (not leases and on_rails) else 1
+        peer, posted = (s + op.offset if isinstance(op, SendOp) else None), None
+        if peer is not None:  # the k-th send of a channel meets its receiver's k-th receive
+            k = it.sends.get((s, peer), 0)
+            it.sends[(s, peer)] = k + 1
+            if any(self._check_in(s, r) or self._check_in(peer, r, receiver=True) for r in reqs):
+                # the pair is one group: the controller grants it once both ranks checked in (the runtime's barrier),
+                # the receiver when it reaches its receive
+                if k >= len(it.posted.get((s, peer), ())):
+                    yield "post", (s, peer, k)
+                posted = it.posted[(s, peer)][k]
         planned, now = [], start
         for _ in range(repeat):
             for part, req in enumerate(reqs):
                 cost = self.durations.cost(op, part, req, s, op.count if repeat == 1 else 1)
                 ready = now
-                if self._check_in(s, req):
-                    totals.round_trips += 1
+                mine = self._check_in(s, req)
+                theirs = peer is not None and self._check_in(peer, req, receiver=True)
+                if mine or theirs:
                     ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
-                    lit = self.rails.ensure(req, ask + rtt / 2 + command)
-                    ready = max(now + rtt, lit + rtt / 2 if lit > now else 0.0)
-                    if ready - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
-                        ready = now
-                    if leases:
-                        self.rails.take_lease(s, req)
+                    lit = self.rails.ensure(self._pair(req) if peer is not None and leases else req,
+                                            ask + rtt / 2 + command)
+                    own = max(now + rtt if mine else now, lit + rtt / 2 if lit > now else 0.0)
+                    if own - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
+                        own = now
+                    ready = max(own, posted + rtt if posted is not None and posted + rtt > own else own)
+                    for stage in [s] * mine + [peer] * theirs:
+                        self._asks(it.totals[stage], req, provisioned)
+                        if leases:
+                            self.rails.take_lease(stage, req)
                     if not op.asynchronous:
-                        control = min(rtt, ready - now)
+                        control = min(rtt, own - now)
                         it.event(track, f"check-in {op.label}", "control", now, control)
                         it.event(track, f"circuits for {op.label}", "reconfiguration", now + control,
-                                 ready - now - control)
+                                 own - now - control)
+                        it.event(track, f"{op.label}: receiver's check-in", "bubble", own, ready - own)
                         totals.control += control
-                        totals.reconfiguration += ready - now - control
+                        totals.reconfiguration += own - now - control
+                        totals.peer_wait += ready - own
                 self.rails.occupy(req, ready + cost.seconds)  # no sooner than alone; the end is known when it comes
                 planned.append((req, cost, ready))
                 now = ready + cost.seconds
@@ -458,6 +548,23 @@ class _Simulation:
         if on_rails:
             self.prior[s] = max(self.prior[s], now)
 
+    def _pair(self, req: Requirement) -> Requirement:
+        """A send's circuits and the reverse ones, where its phase is one configuration holding both: the runtime
+        leases a stage pair's group (``pp:a<->b``) whole, both directions lit at its first acquire."""
+        if req not in self._pairs:
+            rail, tx, rx = req.circuits
+            both = union(self.layout, req.circuits, (rail, rx, tx))
+            whole = self.plan is not None and self.plan.serves(req.phase, both)
+            self._pairs[req] = Requirement(req.phase, req.steps, both) if whole else req
+        return self._pairs[req]
+
+    def _asks(self, totals: _StageTotals, req: Requirement, provisioned: bool) -> None:
+        """A rank checks in for ``req``: a round trip, and the requests the runtime sends for it (the acquire; the
+        release after the op without leases; provisioned, the prepare that announced a new configuration)."""
+        totals.round_trips += 1
+        totals.requests += 1 + (not self.policy.leases) + (provisioned and totals.phase != req.phase)
+        totals.phase = req.phase
+
     def _gather(self, it: _Iteration, s: int, op: CollectiveOp, now: float) -> Generator:
         """A collective whose group spans the pipeline's stages starts when every stage has reached it (their
         k-th op of that label and group, matched as NCCL matches a communicator's calls): the stages that come
@@ -478,11 +585,12 @@ class _Simulation:
         stages = []
         for acc in it.totals:
             waits = acc.control + acc.reconfiguration
-            comm = acc.communication - waits
+            comm = acc.communication - waits - acc.peer_wait
             busy = acc.compute + comm + waits
             stages.append({"compute_s": acc.compute, "communication_s": comm,
                            "reconfiguration_s": acc.reconfiguration, "control_s": acc.control,
-                           "bubble_s": max(0.0, total - busy), "round_trips": acc.round_trips})
+                           "bubble_s": max(0.0, total - busy), "round_trips": acc.round_trips,
+                           "requests": acc.requests + self.rails.acks[len(stages)] - it.acks_mark[len(stages)]})
         per_rail = [0] * self.layout.gpus_per_server
         for rail, start, end, _, phase in self.rails.reconfigs[it.reconfig_mark:]:
             per_rail[rail] += 1
@@ -494,4 +602,5 @@ class _Simulation:
                                mean["reconfiguration_s"], mean["bubble_s"],
                                per_rail if self.fabric.circuits else [0] * self.layout.gpus_per_server,
                                events, stages, control_s=mean["control_s"],
-                               controller_round_trips_per_iteration=mean["round_trips"], plan=self.plan)
+                               controller_round_trips_per_iteration=mean["round_trips"],
+                               controller_requests_per_iteration=mean["requests"], plan=self.plan)

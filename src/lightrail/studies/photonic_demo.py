@@ -206,12 +206,11 @@ its destination GPU (pipeline rails not split), the DP all-reduce after the last
 
 
 def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, policy: Policy,
-              peak_tflops: float | None, check_in_rtt_s: float | None):
+              peak_tflops: float | None, control: Mapping[str, float] | None = None):
     from lightrail.scenario import parse_scenario
 
-    ocs = {"reconfig_delay": f"{delay_s}s", **policy.to_dict()}
-    if check_in_rtt_s is not None:
-        ocs["check_in_rtt"] = f"{check_in_rtt_s}s"
+    ocs = {"reconfig_delay": f"{delay_s}s", **policy.to_dict(),
+           **{name: f"{seconds}s" for name, seconds in (control or {}).items()}}
     cluster = {"gpus": config.world, "gpus_per_server": gpus_per_server}
     if peak_tflops is not None:
         cluster["peak_tflops"] = peak_tflops
@@ -244,7 +243,7 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
 
     def electrical(peak: float) -> float:
         built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=DEMO_POLICY,
-                          peak_tflops=peak, check_in_rtt_s=None).build()
+                          peak_tflops=peak).build()
         return JobRuns(built.job).electrical(built.fabric).iteration_time_s
 
     p1, p2 = 1e-3, 2e-3
@@ -272,6 +271,12 @@ class Prediction:
     check_in_rtt_s: float | None
     leases: bool
     schedule: str
+    revoke_rtt_s: float | None = None
+    command_latency_s: float | None = None
+    """The run's own control-plane costs the model used (``ocs.revoke_rtt``, ``ocs.command_latency``; None: the
+    defaults), as :func:`measured_control` reads them from the controller."""
+    controller_requests_per_iteration: float | None = None
+    """Requests per rank per iteration as the runtime counts them (acquires, releases, acks, prepares)."""
 
     def to_dict(self) -> dict:
         return {"iteration_s": self.iteration_s, "electrical_iteration_s": self.electrical_iteration_s,
@@ -279,7 +284,9 @@ class Prediction:
                 "reconfigurations_per_rail_per_iteration": self.reconfigurations_per_rail_per_iteration,
                 "controller_round_trips_per_iteration": self.controller_round_trips_per_iteration,
                 "overhead_breakdown_s": dict(self.overhead_breakdown_s), "peak_tflops": self.peak_tflops,
-                "check_in_rtt_s": self.check_in_rtt_s, "leases": self.leases, "schedule": self.schedule}
+                "check_in_rtt_s": self.check_in_rtt_s, "leases": self.leases, "schedule": self.schedule,
+                "revoke_rtt_s": self.revoke_rtt_s, "command_latency_s": self.command_latency_s,
+                "controller_requests_per_iteration": self.controller_requests_per_iteration}
 
 
 def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO_POLICY) -> Plan:
@@ -287,29 +294,49 @@ def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO
     backend executes it (``BackendConfig.plan``, pickled to the workers) and the prediction simulates it."""
     from lightrail.studies.rails import JobRuns
 
-    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=policy, peak_tflops=None,
-                      check_in_rtt_s=None).build()
+    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=policy,
+                      peak_tflops=None).build()
     return OpusPlanner(built.job.layout, policy).plan(JobRuns(built.job).program(policy.defer_dp))
 
 
 def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, plan: Plan,
-                       peak_tflops: float | None = None, check_in_rtt_s: float | None = None) -> Prediction:
+                       peak_tflops: float | None = None, control: Mapping[str, float] | None = None) -> Prediction:
     """What ``lightrail simulate`` predicts for the same model, layout, micro-batches, pipeline schedule
     (GPipe) and OCS delay, executing ``plan`` (:func:`demo_plan`: its configurations and policy). With
     ``peak_tflops`` (see :func:`calibrated_peak_tflops`) the model computes at this CPU's speed, so its overhead
-    can be set beside the measured one; with ``check_in_rtt_s`` a controller round trip costs what it cost in
-    the run."""
+    can be set beside the measured one; with ``control`` (:func:`measured_control`: ``check_in_rtt``,
+    ``revoke_rtt``, ``command_latency`` in seconds) the controller costs what it cost in the run."""
     from lightrail.studies.rails import JobRuns, overhead_breakdown
 
+    control = dict(control or {})
     built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, policy=plan.policy,
-                      peak_tflops=peak_tflops, check_in_rtt_s=check_in_rtt_s).build()
+                      peak_tflops=peak_tflops, control=control).build()
     runs = JobRuns(built.job)  # the photonic run and its electrical baseline, as `simulate` computes them
     result = runs(built.fabric, plan)
     photonic, electrical = result.iteration_time_s, runs.electrical(built.fabric).iteration_time_s
     return Prediction(photonic, electrical, photonic - electrical, result.reconfigurations_per_iteration,
                       result.controller_round_trips_per_iteration,
                       overhead_breakdown(runs, built.fabric, plan, photonic, electrical), peak_tflops,
-                      check_in_rtt_s, plan.leases, "gpipe")
+                      control.get("check_in_rtt"), plan.leases, "gpipe", control.get("revoke_rtt"),
+                      control.get("command_latency"), result.controller_requests_per_iteration)
+
+
+def measured_control(metrics: Mapping[str, float], round_trips: Sequence[float], *, leases: bool) -> dict[str, float]:
+    """The run's control-plane costs as the model's ``ocs`` parameters, from the controller's /metrics and the ranks'
+    request round trips: ``check_in_rtt`` the ranks' median request round trip; ``revoke_rtt`` the controller's
+    median revocation (push to the lease's end); ``command_latency`` its median switch overhead (from a group
+    ready to its grant, less the OCS delay) less the revocation that switch waited for, with leases. A cost the
+    run did not incur is left to the default."""
+    out: dict[str, float] = {}
+    if round_trips:
+        out["check_in_rtt"] = sorted(round_trips)[len(round_trips) // 2]
+    revoke = metrics.get('lightrail_revoke_seconds{quantile="0.5"}')
+    if revoke is not None:
+        out["revoke_rtt"] = revoke
+    overhead = metrics.get('lightrail_grant_overhead_seconds{kind="switch",quantile="0.5"}')
+    if overhead is not None:
+        out["command_latency"] = max(0.0, overhead - ((revoke or 0.0) if leases else 0.0))
+    return out
 
 
 class Row(NamedTuple):
@@ -396,7 +423,8 @@ class PhotonicDemoResult:
                 Row("reconfigurations / rail / iteration", "1", None, self.reconfigurations_per_rail_per_iteration,
                     p.reconfigurations_per_rail_per_iteration),
                 Row("controller requests / rank / iteration", "1", None, self.controller_requests_per_iteration,
-                    p.controller_round_trips_per_iteration)]
+                    p.controller_requests_per_iteration if p.controller_requests_per_iteration is not None
+                    else p.controller_round_trips_per_iteration)]
 
 
 _BLOCK = 5
@@ -489,7 +517,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     rtt_p50 = round_trips[len(round_trips) // 2] if round_trips else None
     peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s)
     predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, plan=plan, peak_tflops=peak,
-                                   check_in_rtt_s=rtt_p50)
+                                   control=measured_control(metrics, round_trips, leases=plan.leases))
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
     # requests per rank per iteration, the first (warm-up: groups declared, sequence learned) left out;
     # all of the rank's requests count (acks of revokes can arrive while the gloo replica trains)

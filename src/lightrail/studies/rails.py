@@ -58,7 +58,7 @@ class JobRuns:
         planner = self._planners.setdefault(params, OpusPlanner(self.job.layout, params))
         key = (params.defer_dp, params.split_pp, replace(fabric, kind="photonic" if fabric.circuits else fabric.kind,
                                                          reconfig_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
-                                                         drain=True))
+                                                         revoke_rtt=0.0, drain=True))
         durations = self._durations.setdefault(key, OpDurations(program, fabric))
         return simulate_iteration(program, fabric, plan or params, planner=planner, durations=durations)
 
@@ -81,7 +81,7 @@ def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: Policy | Plan,
 
     The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs).
     """
-    quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0)
+    quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0)
     no_control = runs(quiet, params).iteration_time_s
     no_delay = runs(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
     no_drain = runs(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
