@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import selectors
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from tests.runtime.controller.conftest import acquire, declare, job_of, make, release
 
 from lightrail.runtime.controller.core import Controller
 from lightrail.runtime.controller.protocol import Ack
+from lightrail.studies.photonic_demo import start_controller
 
 D = 0.010  # make()'s OCS delay (rail0 and rail1, 8 ports each)
 
@@ -186,37 +185,13 @@ def test_a_group_lit_by_another_groups_switch_after_a_revoke_is_timed_revoke():
 # --- a real controller process: the families on /metrics -------------------------------------------------------------
 
 
-def _serve(tmp_path) -> tuple[subprocess.Popen, dict]:
-    """``lightrail controller serve`` (2 rails of 8 ports, 5 ms switch) on free ports; its ready line."""
-    log = open(tmp_path / "controller.log", "w")  # noqa: SIM115 (the process writes it until it exits)
-    proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", "0",
-                             "--admin-port", "0", "--state", str(tmp_path / "c.db"), "--rails", "2", "--ports", "8",
-                             "--ocs-delay", "5ms"], stdout=subprocess.PIPE, stderr=log, text=True)
-    log.close()
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                line = proc.stdout.readline()
-                if not line:
-                    raise AssertionError(f"the controller exited ({proc.wait()}) before it was ready")
-                info = json.loads(line)
-                if info.get("event") == "ready":
-                    return proc, info
-        raise AssertionError("no ready line within 60 s")
-    finally:
-        sel.close()
-
-
 def test_metrics_show_grant_latency_by_kind_the_switch_overhead_and_the_revoke_round_trip(tmp_path):
     httpx = pytest.importorskip("httpx")  # the optional extra "service"
     pytest.importorskip("uvicorn")
     pytest.importorskip("prometheus_client")
     from lightrail.runtime.controller.client import ControllerClient
 
-    proc, info = _serve(tmp_path)
+    proc, info = start_controller(tmp_path / "c.db", rails=2, ports=8, delay_s=0.005)
     admin = f"http://{info['host']}:{info['admin_port']}"
     try:
         r = httpx.post(f"{admin}/jobs", json={"job": "j", "world": 3},
