@@ -47,7 +47,13 @@ Modes: ``on-demand`` asks when an op needs a group (a reconfiguration starts whe
 op arrives); ``provisioned`` learns each rank's sequence of groups in the first iteration and, when
 it finishes the last op before a change of group, sends a ``prepare`` of the group expected next
 (with the release, for a per-op group), so the controller can revoke and reconfigure while the rank
-computes. Ops complete before they return (the backend waits for the wrapped work) so that their end
+computes. A leased group's last op before a change to a group whose circuits conflict with it also *yields* its
+lease (``ControllerClient.yield_lease``, sent before the prepare): the rank is done with it, so once every holder
+yielded, the ports are free and the next group switches with no revoke round trip. A wrong prediction costs an
+acquire, granted at once while the lease stands. A next group on other ports keeps the lease (yielding it would
+turn every later op on the group into an acquire with a barrier).
+
+Ops complete before they return (the backend waits for the wrapped work) so that their end
 is known; exchange patterns that need a send and a receive in flight at once (``batch_isend_irecv``
 both ways) are not supported through it. With NCCL, ``wait()`` only orders the caller's CUDA stream
 after the op, so ``run_op`` also records a CUDA event after it and synchronizes on that event before
@@ -198,6 +204,7 @@ class Agent:
         self.rank: int | None = None  # set by the process's first group
         self.closed = False
         self.declared: set[str] = set()
+        self.circuits: dict[str, dict[str, dict[int, int]]] = {}  # declared group key -> its circuits
         self.run_key: str | None = None
         self.run = 0
         self.after: dict[tuple[str, int], str | None] = {}
@@ -295,6 +302,7 @@ class Agent:
             self.moved[(device, port)] = int(push["ports"].get(device, port))
         _forget_holds(self.client)
         self.declared.clear()
+        self.circuits.clear()
         marks = {"t_push": push["t"], "epoch": push["epoch"]}
         if self.rank is None:  # the spare takes the rank over: hello again as it, on the same ports
             start = time.time()
@@ -349,6 +357,7 @@ class Agent:
         if key not in self.declared:
             client.declare(key, members, circuits, phase=key.split(":")[0])
             self.declared.add(key)
+            self.circuits[key] = circuits
         if self.run_key is not None:
             self._observe((self.run_key, self.run), key)
         self.run = self.run + 1 if key == self.run_key else 1
@@ -375,7 +384,14 @@ class Agent:
             client.release(key, then_prepare=nxt if nxt is not None and nxt != key else None)
 
     def _prepare(self, key: str, nxt: str | None) -> None:
-        if nxt is not None and nxt != key and not self.client.holds(nxt):
+        """After the last op on leased group ``key`` before a change to group ``nxt`` (provisioned mode): yield the
+        lease on ``key`` if ``nxt``'s circuits conflict with it (or are unknown), then prepare ``nxt`` unless held.
+        The yield goes first, so the controller has the ports back when the prepare completes ``nxt``'s round."""
+        if nxt is None or nxt == key:
+            return
+        if _conflict(self.circuits.get(key), self.circuits.get(nxt)):
+            self.client.yield_lease(key)
+        if not self.client.holds(nxt):
             self.client.prepare(nxt, wait=False)
 
     def _observe(self, point: tuple[str, int], nxt: str) -> None:
@@ -399,6 +415,19 @@ class Agent:
             self.client.bye()
             self.client.close()
         self.closed = True
+
+
+def _conflict(a: dict[str, dict[int, int]] | None, b: dict[str, dict[int, int]] | None) -> bool:
+    """Circuits ``a`` and ``b`` cannot be lit together (on some device an input to two outputs, or two inputs to
+    one output): lighting one switches a port of the other. Unknown circuits (None) count as conflicting."""
+    if a is None or b is None:
+        return True
+    for device in a.keys() & b.keys():
+        x, y = a[device], b[device]
+        fed = {o: i for i, o in y.items()}
+        if any(y.get(i, o) != o or fed.get(o, i) != i for i, o in x.items()):
+            return True
+    return False
 
 
 def _interrupt(client: ControllerClient | None, push: dict) -> None:

@@ -19,8 +19,8 @@ from lightrail.runtime.controller.protocol import Bye
 def test_hello_claims_ports_and_refuses_a_port_another_job_owns(make, hello, snapshot):
     async def run():
         c, _ = make()
-        assert hello(c, "a", 0, 2, rail0=0, rail1=0) == {"registered": 1, "world": 2}
-        assert hello(c, "a", 0, 2, rail0=0, rail1=0) == {"registered": 1, "world": 2}  # idempotent
+        assert hello(c, "a", 0, 2, rail0=0, rail1=0) == {"registered": 1, "world": 2, "yields": True}
+        assert hello(c, "a", 0, 2, rail0=0, rail1=0) == {"registered": 1, "world": 2, "yields": True}  # idempotent
         assert c.state()["owners"]["rail0"] == {"0": "a"}
         before = snapshot(c), c.store.jobs()
         with pytest.raises(InfeasibleError) as e:

@@ -253,7 +253,7 @@ def test_service_refuses_bad_requests_and_stays_up(spawn, tmp_path):
         r = ask(json.dumps({"id": 5, **x_hello, "ports": {"rail0": 99}}).encode())
         assert r == {"id": 5, "ok": False, "error": r["error"]} and r["error"]["field"] == "ports.rail0"
         r = ask(json.dumps({"id": 6, **x_hello, "ports": {"rail0": 5}}).encode())
-        assert r == {"id": 6, "ok": True, "registered": 1, "world": 1}
+        assert r == {"id": 6, "ok": True, "registered": 1, "world": 1, "yields": True}
         r = ask(json.dumps({"id": 7, "op": "acquire", "job": "x", "rank": 0, "key": "nope"}).encode())
         assert r["ok"] is False and r["id"] == 7 and r["error"]["field"] == "key"
     assert httpx.get(f"{admin}/healthz", timeout=10).json() == {"ok": True}

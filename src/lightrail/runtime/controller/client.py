@@ -10,7 +10,9 @@ records before it wakes the caller. Around every op the caller asks ``enter(key)
 op runs under the lease, with no request; ``leave(key)`` after it. A revoke for a lease with no op
 in flight is acknowledged at once (the next op re-acquires); one inside an op is acknowledged as
 such, and ``leave`` sends the ``release`` when that op completes. Once ``bye`` is sent, revokes are
-no longer answered: the bye gives every lease back (see ``_pushed``).
+no longer answered: the bye gives every lease back (see ``_pushed``). ``yield_lease(key)`` gives a lease with no
+op in flight back unasked (``yield``, with the ops run under it: the ack of a revoke not yet sent), if the
+controller's hello reply said it takes yields; the next op on the group acquires again.
 
 Surviving the controller (issue 17): a heartbeat thread sends ``heartbeat`` every
 ``heartbeat_timeout / 4``; a connection that drops, or a heartbeat unanswered for ``heartbeat_timeout``
@@ -151,6 +153,7 @@ class ControllerClient:
         self._closed = False
         self._dead: InfeasibleError | None = None
         self._done = False  # the bye was answered: a drop after it is the end, not a loss
+        self._yields = False  # the controller takes ``yield`` (its hello reply says ``yields``)
         self._leaving = False  # bye sent (under _lock): no ack may follow it
         self._up = False  # the current connection may be written to
         self._heard = time.monotonic()  # the last line read
@@ -518,6 +521,8 @@ class ControllerClient:
         """Install the new connection and tell the controller what this rank declared, holds and awaits."""
         with self._lock:
             self.sock, self.reader = sock, reader
+            if hello is not None:
+                self._yields = bool(hello.get("yields"))  # the controller may have been replaced by another version
             with self._cond:
                 waiting = sorted(self._pending.values(), key=lambda r: r.logical)
                 self._pending.clear()
@@ -540,8 +545,8 @@ class ControllerClient:
                 self._send_locked("hold", internal=True, job=self.job, rank=self.rank, key=key, **number)
             seen: set[int] = set()
             for request in waiting:
-                if (request.internal and request.op != "release") or request.stale or request.op == "ack":
-                    continue  # a heartbeat or a re-declaration of the lost connection; an ack of a lease gone
+                if (request.internal and request.op != "release") or request.stale or request.op in ("ack", "yield"):
+                    continue  # a heartbeat or a re-declaration of the lost connection; an ack or yield of a lease gone
                 # (an internal release is interrupt's, of an acquire the old connection carried: the controller
                 # may still have it waiting, if the connection was only slow, and would make this rank a holder)
                 if request.then is not None:  # a hold standing in for an acquire: send (for) the acquire
@@ -641,6 +646,20 @@ class ControllerClient:
                 return True
             return False
 
+    def yield_lease(self, key: str) -> bool:
+        """Give this rank's lease on ``key`` back now, before any revoke (it is done with the group for now): the
+        lease is dropped here and ``yield`` tells the controller the ops run under it, in one step (not waited
+        for). Only a lease with no op in flight and not revoked, and only to a controller that takes yields;
+        True if it was given back. The next op on ``key`` acquires again (at once while the lease stands)."""
+        with self._lock:
+            lease = self.leases.get(key)
+            if lease is None or lease.in_op or lease.revoked or not self._yields or self._leaving:
+                return False
+            del self.leases[key]
+            self._send_locked("yield", detached=True, job=self.job, rank=self.rank, key=key, lease=lease.id,
+                              ops=lease.ops)
+            return True
+
     def holds(self, key: str) -> bool:
         """True if an op on ``key`` would run under a lease now."""
         with self._lock:
@@ -653,7 +672,10 @@ class ControllerClient:
         with self._lock:
             self._hello = {"world": world, "ports": dict(ports), **({"spare": True} if spare else {})}
             request_id = self._send_locked("hello", **self._hello_fields())
-        return self.wait(request_id)
+        reply = self.wait(request_id)
+        with self._lock:
+            self._yields = bool(reply.get("yields"))
+        return reply
 
     def heartbeat(self) -> dict:
         return self.call("heartbeat")

@@ -32,6 +32,15 @@ peer that acked before entering the op another member is waiting in) runs the re
 an op for a peer that acked and asks for the next round would wait forever, and circuits could go
 dark under data still in flight. The next op after a lease re-acquires (barrier again).
 
+Yields: a holder done with the group (provisioned mode: it announced another group next) gives its lease back
+unasked with ``yield`` (the ops it ran under the lease), as the ack of a revoke not yet sent: it is no longer a
+holder and the lease ends by the rule above, so once its last holder yielded the ports are free and a group
+waiting on them switches with no revoke round trip. A rank that yielded and acquires the group again while the
+lease stands and is not revoked (its prediction was wrong) is a holder again at once, as if it had never yielded
+(``lease`` and its ``ops`` in the reply); once the lease is revoked or over, its acquire takes the paths above (a
+member behind runs its remaining ops, else the next round). ``lease_yields`` counts them. The hello reply's
+``yields`` tells a client this controller takes them (an older one would refuse the message).
+
 Never granted before lit, never switched mid-switch: every change, a group's or an admin's
 (``configure``), records per (device, port) it steers when its switch completes (``switching``, stored in
 wall-clock time so a restarted controller still waits). A group using a port still switching is
@@ -88,7 +97,7 @@ from enum import StrEnum
 
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
-from lightrail.runtime.controller.protocol import Ack, Acquire, Bye, Group, Hello, Hold, Release
+from lightrail.runtime.controller.protocol import Ack, Acquire, Bye, Group, Hello, Hold, Release, Yield
 from lightrail.runtime.controller.store import Store
 from lightrail.runtime.ocs import changed_ports, make_driver, moving_ports
 
@@ -204,7 +213,7 @@ class GroupState:
     lease_asks: set[int] = field(default_factory=set)  # acquirers that asked for a lease
     lease: int | None = None  # id of the lease this round is (None: a per-op round)
     revoking: bool = False  # revoke pushed to the holders
-    ops: dict[int, int] = field(default_factory=dict)  # revoking: ops each member that acked ran under the lease
+    ops: dict[int, int] = field(default_factory=dict)  # ops each member that acked or yielded ran under the lease
     limit: dict[int, int] = field(default_factory=dict)  # revoking: ops a holder still inside may reach
     # A round restored by ``hold`` after a restart: the members in it (held, or joined by a ``rejoin`` acquire
     # whose grant of that round was lost in the kill); None for a round of this controller.
@@ -306,7 +315,8 @@ class Controller:
         self.revoke_rtt = Timings()
         self._lit = self.grant_latency["lit"]  # the common kind, without the lookup
         self.counters: dict[str, float] = {"requests": 0, "errors": 0, "grants": 0, "grants_without_change": 0,
-                                           "leases": 0, "revocations": 0, "rejoins": 0, "unsafe_reconfigurations": 0}
+                                           "leases": 0, "revocations": 0, "lease_yields": 0, "rejoins": 0,
+                                           "unsafe_reconfigurations": 0}
         self._lease_ids = itertools.count(1)
         self._order = itertools.count(1)
         self.applies: deque[dict] = deque(maxlen=1000)  # recent reconfigurations, for the admin API and tests
@@ -409,7 +419,7 @@ class Controller:
         if getattr(m, "spare", False):
             self._resync(m.job, m.rank, schedule=False)  # an idle spare is inside no op
         self.log("hello", job=m.job, rank=m.rank, ports=m.ports)
-        return {"registered": len(job["ranks"]), "world": m.world}
+        return {"registered": len(job["ranks"]), "world": m.world, "yields": True}  # it takes ``yield``
 
     def declare(self, m: Group) -> dict:
         job = self._job(m.job)
@@ -481,9 +491,12 @@ class Controller:
             if freed:
                 self._schedule()
             return fut
-        if g.lease is not None and m.op == "acquire" and m.rank in g.ops and g.started() > g.ops[m.rank]:
-            fut = self._wait(g, m.rank)  # behind the others: run the rest first
-            self._rejoin(g, m.rank)
+        if g.lease is not None and m.op == "acquire" and m.rank in g.ops and (
+                not g.revoking or g.started() > g.ops[m.rank]):
+            fut = self._wait(g, m.rank)
+            # yielded, and the lease is not revoked: a holder again, as if it never yielded; else (revoked) behind
+            # the others: it runs the rest first
+            self._rejoin(g, m.rank, behind=g.revoking)
             if freed:
                 self._schedule()
             return fut
@@ -538,6 +551,22 @@ class Controller:
         else:
             g.ops[m.rank] = m.ops
             g.holders.discard(m.rank)
+        if self._lease_progress(g):
+            self._schedule()
+        return {}
+
+    def yield_lease(self, m: Yield) -> dict:
+        """A holder gives its lease back before any revoke (see module doc): taken as the ack of a revoke not yet
+        sent (after one, as its ack). A stale yield (another lease, already given back, or inside an op after
+        answering a revoke) changes nothing."""
+        g = self._group(m.job, m.key, m.rank)
+        if self.unsynced:
+            self._resync(m.job, m.rank)
+        if g.lease != m.lease or m.rank not in g.holders or m.rank in g.limit:
+            return {"stale": True}
+        g.ops[m.rank] = m.ops
+        g.holders.discard(m.rank)
+        self.counters["lease_yields"] += 1
         if self._lease_progress(g):
             self._schedule()
         return {}
@@ -1081,9 +1110,10 @@ class Controller:
             self.grant_latency["revoke"].add(now - ready)
             g.revoked_at = _NEVER
 
-    def _rejoin(self, g: GroupState, rank: int) -> None:
+    def _rejoin(self, g: GroupState, rank: int, *, behind: bool = True) -> None:
         """A member behind the others in a revoked lease runs its remaining ops at once, up to ``until``
-        (the ports stay busy; the members ahead of it are waiting for, or have sent, those ops)."""
+        (the ports stay busy; the members ahead of it are waiting for, or have sent, those ops). Not ``behind``:
+        a member that yielded a lease not revoked is a holder again, with no limit (as if it never yielded)."""
         fut, asked = g.waiters.pop(rank)
         g.intents.discard(rank)
         g.acquirers.discard(rank)
@@ -1092,13 +1122,15 @@ class Controller:
             g.ready_since = 0.0
         if self.intent.get((g.job, rank)) == g.key:
             del self.intent[(g.job, rank)]
-        until = g.started()
         g.holders.add(rank)
-        g.limit[rank] = until
-        self.counters["rejoins"] += 1
+        reply = {"lease": g.lease}
+        if behind:
+            reply["until"] = g.limit[rank] = g.started()
+            self.counters["rejoins"] += 1
+        reply["ops"] = g.ops.pop(rank)
         self.latencies.append(self.clock() - asked)
         if not fut.done():
-            fut.set_result({"lease": g.lease, "ops": g.ops.pop(rank), "until": until})
+            fut.set_result(reply)
 
     @staticmethod
     def _may_join(g: GroupState, rank: int, op_no: int | None) -> bool:

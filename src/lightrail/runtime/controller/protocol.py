@@ -4,7 +4,8 @@ Every request carries an ``id`` (echoed in its reply) and an ``op``; replies are
 ``{"id", "ok": true, ...}`` or ``{"id", "ok": false, "error": {"message", "field", "fix"}}``.
 The controller also pushes messages unasked (no ``id``): :class:`Revoke` to each holder of a lease it
 takes back (the rank answers with :class:`Ack`), and :class:`Failover`, :class:`Dead`, :class:`PortFailed`
-to the connected ranks of a job that lost a rank or a port.
+to the connected ranks of a job that lost a rank or a port. A holder done with a group may give its lease
+back before any revoke (:class:`Yield`), if the controller's hello reply says ``yields``.
 docs/controller.md is the full description; the models below are its source of truth.
 
 Hostile lines are refused before they can cost anything: nesting deeper than ``max_depth`` is found by
@@ -23,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.validation import first_error
 
-__all__ = ["Hello", "Heartbeat", "Group", "Acquire", "Release", "Ack", "Hold", "Bye", "Revoke", "Failover", "Dead",
-           "PortFailed", "Request", "parse_request", "parse_push", "encode", "error_reply", "request_id", "INT64",
-           "MAX_DEPTH", "Fast", "fast_request", "encode_ok"]
+__all__ = ["Hello", "Heartbeat", "Group", "Acquire", "Release", "Ack", "Yield", "Hold", "Bye", "Revoke", "Failover",
+           "Dead", "PortFailed", "Request", "parse_request", "parse_push", "encode", "error_reply", "request_id",
+           "INT64", "MAX_DEPTH", "Fast", "fast_request", "encode_ok"]
 
 INT64 = (-(1 << 63), (1 << 63) - 1)  # what a rank's ids, ranks and ports may be (SQLite's INTEGER)
 MAX_DEPTH = 64  # JSON nesting levels a request may have (ours have 3)
@@ -89,6 +90,8 @@ class Acquire(_Message):
     before a controller restart and re-sent after it; it joins a round restored by ``hold`` at once, if that
     round is in op ``op_no`` (the n-th op this rank started on ``key``; members run the same ops in the same
     order, so equal numbers are the same op, and an acquire already for the next op waits for its round).
+    A rank that gave its lease back with :class:`Yield` while the lease still stands, not revoked, is a holder
+    again at once: the reply carries ``lease`` and ``ops`` (the ops it ran under the lease before the yield).
     """
 
     op: Literal["acquire", "prepare"]
@@ -125,6 +128,22 @@ class Ack(_Message):
     lease: int = Field(ge=1)
     ops: int = Field(ge=0)
     inside: bool = False
+
+
+class Yield(_Message):
+    """A holder gives its lease back before any revoke: it is done with the group for now (provisioned mode: it
+    announced another group next) and inside no op on it. ``ops`` counts the ops it started under the lease, as
+    in :class:`Ack`: the controller takes a yield as the ack of a revoke not yet sent (the lease ends once no
+    holder is left and every member ran as many). Sent only to a controller whose hello reply carries ``yields``
+    (an older one would refuse it and keep the rank a holder); a stale yield (another lease, or already given
+    back) is answered ``stale`` and changes nothing."""
+
+    op: Literal["yield"]
+    job: str
+    rank: int
+    key: str
+    lease: int = Field(ge=1)
+    ops: int = Field(ge=0)
 
 
 class Revoke(BaseModel):
@@ -192,10 +211,11 @@ class Bye(_Message):
     rank: int | None = None
 
 
-Request = Annotated[Hello | Heartbeat | Group | Acquire | Release | Ack | Hold | Bye, Field(discriminator="op")]
+Request = Annotated[Hello | Heartbeat | Group | Acquire | Release | Ack | Yield | Hold | Bye,
+                    Field(discriminator="op")]
 _REQUEST = TypeAdapter(Request)
 _BY_OP = {"hello": Hello, "heartbeat": Heartbeat, "group": Group, "acquire": Acquire, "prepare": Acquire,
-          "release": Release, "ack": Ack, "hold": Hold, "bye": Bye}
+          "release": Release, "ack": Ack, "yield": Yield, "hold": Hold, "bye": Bye}
 _PUSH = {"revoke": Revoke, "failover": Failover, "dead": Dead, "port_failed": PortFailed}
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _LONG_INT = re.compile(rb"\d{19,}")

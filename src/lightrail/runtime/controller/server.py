@@ -233,6 +233,8 @@ class _Collector:
                  "already lit."),
                 ("leases", "leases_total", "Grants that were leases."),
                 ("revocations", "revocations_total", "Leases revoked for another group."),
+                ("lease_yields", "lease_yields_total", "Leases a holder gave back unasked (yield: the ack of a revoke "
+                 "not yet sent)."),
                 ("rejoins", "rejoins_total", "Members behind in a revoked lease let in to run their remaining ops."),
                 ("unsafe_reconfigurations", "unsafe_reconfigurations_total", "Reconfigurations that changed a port "
                  "with traffic."),
@@ -492,6 +494,8 @@ class RankServer:
                     reply = c.declare(m)
                 elif op == "ack":
                     reply = c.ack(m)
+                elif op == "yield":
+                    reply = c.yield_lease(m)
                 elif op == "hold":
                     hold = getattr(c, "hold", None)
                     if hold is None:
