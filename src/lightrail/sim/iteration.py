@@ -11,7 +11,8 @@ order), which is what lets the circuit state be decided causally:
   photonic rails a missing circuit is installed by the Plan's policy: the whole rail switch
   rewritten to the op's configuration (Opus) or only the changed ports; not while a changing port
   still carries traffic (the controller learns a port is free when its release arrives, or, for a
-  port another stage leases, once the revoke is acknowledged), after the controller's command
+  port another stage leases, once the revoke is acknowledged, ``ocs.revoke_rtt``; provisioned, the holders
+  yield their leases as they announce their next phase, so no revoke), after the controller's command
   latency, and the changed ports stay dark for the switch's delay. Then it moves its bytes for the
   time :class:`lightrail.sim.durations.OpDurations` gives it alone (the engine on the state graph of its
   circuits, NVLink plus those circuits, or the rail switches on electrical rails; as NCCL runs it by
@@ -158,6 +159,8 @@ class _Rails:
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
             np.maximum.at(busy, rail, when[rail, port])
             np.logical_or.at(held, rail, lease[rail, port] >= 0)
+        if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
+            return busy + half
         # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
         # a holder inside an op acks when it ends
         return np.where(held, np.maximum(decision + revoke, busy + revoke / 2), busy + half)
