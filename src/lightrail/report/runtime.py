@@ -50,6 +50,12 @@ def print_train_demo(result: PhotonicDemoResult, console: Console, *, wrote: Seq
     console.print(f"measured / predicted overhead: {'n/a' if ratio is None else f'{ratio:.2f}x'} (model computes "
                   f"at this CPU's rate, {p.peak_tflops * 1e3:.2f} GFLOP/s peak, measured on gloo); leases "
                   f"{'on' if result.leases else 'off'}")
+    if result.wrapper_overhead_s is not None:
+        fabric = result.fabric_model_to_measured_ratio
+        console.print(f"of the overhead, the lightrail process group itself (no controller) "
+                      f"{format_time(result.wrapper_overhead_s)}; circuits and controller "
+                      f"{format_time(result.fabric_overhead_s)}, {'n/a' if fabric is None else f'{fabric:.2f}x'} "
+                      f"the model's", highlight=False)
     lat = result.request_latency_p99_s
     console.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
                   f"{'yes' if result.losses_identical else 'NO'}; unsafe reconfigurations: "

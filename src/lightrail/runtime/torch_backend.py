@@ -556,11 +556,12 @@ def setup(config: BackendConfig) -> Agent:
     return register(Agent(config))
 
 
-def register(agent: Agent) -> Agent:
-    """Register backend ``"lightrail"`` with torch.distributed, its groups bound to ``agent``.
+def register(agent: Agent, name: str = "lightrail") -> Agent:
+    """Register backend ``name`` (``"lightrail"``) with torch.distributed, its groups bound to ``agent``.
 
     torch keeps one factory per backend name: registering again (a second run in the same process)
-    binds the groups created from then on to the new agent; groups already created keep theirs."""
-    dist.Backend.register_backend("lightrail", functools.partial(LightrailProcessGroup, agent), extended_api=True,
+    binds the groups created from then on to the new agent; groups already created keep theirs. Another
+    name gives a second backend in the same process (the train-demo's controller-less replica)."""
+    dist.Backend.register_backend(name, functools.partial(LightrailProcessGroup, agent), extended_api=True,
                                   devices=["cpu", "cuda"])
     return agent

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -406,6 +406,14 @@ class PhotonicDemoResult:
     """With ``--kill-rank``: ``detect_s``, ``rewire_s``, ``rebuild_s``, ``restore_s``, ``first_step_s`` (from the
     kill), ``steps_lost``, ``checkpoint_step``, ``losses_match_uninterrupted`` (the losses after the checkpoint
     are the plain run's, bit for bit), ``rank``, ``spare``, ``detected_by``; None without a kill."""
+    wrapper_overhead_s: float | None = None
+    """The lightrail process group with no controller (a third replica, taking turns with the two) less gloo: the
+    runtime's own cost, no circuit and no request in it; None in the runs with spares."""
+    fabric_overhead_s: float | None = None
+    """``overhead_s`` less ``wrapper_overhead_s``: what the circuits and the controller cost, the part the model
+    predicts."""
+    fabric_model_to_measured_ratio: float | None = None
+    """``fabric_overhead_s`` over the predicted overhead."""
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -429,6 +437,15 @@ class PhotonicDemoResult:
 
 _BLOCK = 5
 """Steps per block when the gloo and lightrail replicas alternate."""
+BARE = "lightrail-bare"
+"""The backend of the controller-less lightrail replica (:func:`_setup_with_bare`)."""
+
+
+def _setup_with_bare(config: torch_backend.BackendConfig) -> torch_backend.Agent:
+    """Each worker's ``init``: the lightrail backend bound to the controller (returned: the run's agent), and
+    :data:`BARE`, the same process group with no controller at all, for the wrapper's own cost."""
+    torch_backend.register(torch_backend.Agent(replace(config, controller=None, token=None)), BARE)
+    return torch_backend.setup(config)
 
 
 def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy = DEMO_POLICY,
@@ -495,9 +512,9 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
                         config, spares=spares, failure=failure, backend="lightrail", init=init, on_step=on_step,
                         before_failure=None if gate is None or failure is None else functools.partial(
                             _before_failure, gate))
-                else:
-                    photonic = run_demo(config, backend="lightrail", init=init, baseline="gloo", block=_BLOCK,
-                                        on_step=on_step)
+                else:  # a third replica: the lightrail process group with no controller (the wrapper's own cost)
+                    photonic = run_demo(config, backend="lightrail", init=functools.partial(_setup_with_bare, backend),
+                                        baseline=("gloo", BARE), block=_BLOCK, on_step=on_step)
             if killer.error is not None:
                 raise killer.error
             proc, info = killer.proc, killer.info
@@ -527,6 +544,8 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     main = photonic.main
     identical = plain.loss_bits == main.loss_bits and plain.losses_consistent and main.losses_consistent
     measured_overhead = main.median_iteration_s - plain.median_iteration_s
+    bare = None if isinstance(photonic, FailoverRun) else next(iter(photonic.others), None)
+    wrapper = None if bare is None else bare.median_iteration_s - plain.median_iteration_s
     return PhotonicDemoResult(
         ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps,
         gpus_per_server=g, rails=g, ocs_delay_s=ocs_delay_s, mode=plan.mode, leases=plan.leases,
@@ -549,14 +568,18 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
         losses_identical=bool(identical),
         losses=plain.losses, lightrail_losses=main.losses,
         gloo_iteration_series_s=plain.iteration_s, lightrail_iteration_series_s=main.iteration_s,
-        measurement=f"gloo and lightrail replicas in the same processes, alternating blocks of {_BLOCK} steps; "
-                    "medians leave out the first step of each block" if not isinstance(photonic, FailoverRun) else
+        measurement=f"gloo, lightrail and controller-less lightrail replicas in the same processes, taking turns in "
+                    f"blocks of {_BLOCK} steps; medians leave out the first step of each block" if not isinstance(photonic, FailoverRun) else
                     "lightrail (ranks and spares) and plain gloo in separate runs; medians leave out the first step",
         predicted=predicted,
         controller_startup_s=info.get("startup_s"),
         controller_restarts=killer.restarts,
         spares=spares,
         recovery=_recovery(photonic, plain),
+        wrapper_overhead_s=wrapper,
+        fabric_overhead_s=None if wrapper is None else measured_overhead - wrapper,
+        fabric_model_to_measured_ratio=None if wrapper is None or predicted.overhead_s <= 0 else
+        (measured_overhead - wrapper) / predicted.overhead_s,
     )
 
 

@@ -281,17 +281,19 @@ def _bits(value: float) -> int:
     return int(torch.tensor([value], dtype=torch.float32).view(torch.int32).item())
 
 
-def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None = None, block: int = 5,
-                 on_step: Callable[[int, int], None] | None = None, *, context: Agent | None = None) -> dict:
+def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | tuple[str, ...] | None = None,
+                 block: int = 5, on_step: Callable[[int, int], None] | None = None, *,
+                 context: Agent | None = None) -> dict:
     """Train ``config.steps`` steps as ``rank`` of ``world`` (default group already initialised).
 
     Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "controller"}``;
     ``losses`` (step losses averaged over the global batch, float32 values) and ``loss_bits`` (their
     float32 bit patterns) are empty except on the last pipeline stage.
 
-    With ``baseline`` (a backend name), a second replica of the model trains on groups of that backend
-    in the same processes, in alternating blocks of ``block`` steps (the baseline first in even
-    blocks), so both are timed under the same load; its results are under ``"baseline"``.
+    With ``baseline`` (a backend name, or several), a replica of the model trains on groups of each baseline
+    backend in the same processes, the replicas taking turns in blocks of ``block`` steps (the order rotating
+    from block to block; with one baseline, the baseline first in even blocks), so all are timed under the same
+    load; the first baseline's results are under ``"baseline"``, every baseline's under ``"baselines"``.
 
     ``context`` is the lightrail backend's agent of this process when the groups run on it (what
     ``torch_backend.setup`` returned in the launcher's ``init``): its controller requests are counted
@@ -314,15 +316,19 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | None
                 if on_step is not None:
                     on_step(rank, step)
             return main.result(rank)
-        other = _Replica(config, rank, _make_groups(layout, rank, baseline), context)
+        others = [_Replica(config, rank, _make_groups(layout, rank, b), context)
+                  for b in ((baseline,) if isinstance(baseline, str) else baseline)]
+        replicas = [*others, main]
         for first in range(0, config.steps, block):
             steps = range(first, min(first + block, config.steps))
-            for replica in ((other, main) if first // block % 2 == 0 else (main, other)):
+            turn = first // block % len(replicas)
+            for replica in replicas[turn:] + replicas[:turn]:
                 for step in steps:
                     replica.step(step)
                     if on_step is not None and replica is main:
                         on_step(rank, step)
-        return {**main.result(rank), "baseline": other.result(rank)}
+        return {**main.result(rank), "baseline": others[0].result(rank),
+                "baselines": [other.result(rank) for other in others]}
     finally:
         if context is not None:
             context.close()
@@ -511,6 +517,8 @@ class DemoRun:
     ranks: tuple[dict, ...]
     """Each rank's result, as :func:`train_worker` returns it."""
     baseline: ReplicaRun | None = None
+    others: tuple[ReplicaRun, ...] = ()
+    """The baselines after the first, when several trained (``run_demo(..., baseline=(a, b))``)."""
 
     def to_dict(self) -> dict:
         """``{"config", "backend", "world", "losses", "loss_bits", "losses_consistent", "iteration_s",
@@ -524,7 +532,7 @@ class DemoRun:
 
 
 def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], Any] | None = None,
-             pg_options: Any = None, baseline: str | None = None, block: int = 5,
+             pg_options: Any = None, baseline: str | tuple[str, ...] | None = None, block: int = 5,
              on_step: Callable[[int, int], None] | None = None) -> DemoRun:
     """Train ``config`` on ``config.world`` spawned CPU processes over ``backend``; aggregate the results.
 
@@ -534,16 +542,18 @@ def run_demo(config: DemoConfig, *, backend: str = "gloo", init: Callable[[], An
     with whether every last-stage rank reported the same bits; the per-step time is the slowest
     rank's, and its median leaves out the first (warm-up) step.
 
-    With ``baseline``, a replica also trains on that backend in the same processes, in alternating
-    blocks of ``block`` steps (see :func:`train_worker`); both medians leave out the first step of
-    every block (the first one after a switch of backend finds the fabric as the other replica's
-    block left it).
+    With ``baseline`` (one backend or several), a replica also trains on each in the same processes, in
+    blocks of ``block`` steps taking turns (see :func:`train_worker`); every median leaves out the first step
+    of every block (the first one after a switch of backend finds the fabric as the other replica's block
+    left it).
     """
     results = run_processes(train_worker, config.world, config, baseline, block, on_step, backend=backend, init=init,
                             pg_options=pg_options)
     skip = set(range(0, config.steps, block)) if baseline else {0}
+    names = (baseline,) if isinstance(baseline, str) else tuple(baseline or ())
+    runs = [_aggregate(config, name, [r["baselines"][k] for r in results], skip) for k, name in enumerate(names)]
     return DemoRun(config, config.world, _aggregate(config, backend, results, skip), tuple(results),
-                   _aggregate(config, baseline, [r["baseline"] for r in results], skip) if baseline else None)
+                   runs[0] if runs else None, tuple(runs[1:]))
 
 
 def _aggregate(config: DemoConfig, backend: str, results: list[dict], skip: set[int]) -> ReplicaRun:
