@@ -568,9 +568,10 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
         losses_identical=bool(identical),
         losses=plain.losses, lightrail_losses=main.losses,
         gloo_iteration_series_s=plain.iteration_s, lightrail_iteration_series_s=main.iteration_s,
-        measurement=f"gloo, lightrail and controller-less lightrail replicas in the same processes, taking turns in "
-                    f"blocks of {_BLOCK} steps; medians leave out the first step of each block" if not isinstance(photonic, FailoverRun) else
-                    "lightrail (ranks and spares) and plain gloo in separate runs; medians leave out the first step",
+        measurement=(f"gloo, lightrail and controller-less lightrail replicas in the same processes, taking turns "
+                     f"in blocks of {_BLOCK} steps; medians leave out the first step of each block")
+        if not isinstance(photonic, FailoverRun) else
+        "lightrail (ranks and spares) and plain gloo in separate runs; medians leave out the first step",
         predicted=predicted,
         controller_startup_s=info.get("startup_s"),
         controller_restarts=killer.restarts,
