@@ -4,7 +4,8 @@ random programs and invariant checks of the safety and liveness harnesses.
 pytest runs with ``--import-mode=importlib``, so test modules cannot import each other (or this
 file): every helper here reaches a test as a fixture of the same name (``make``, ``hello``,
 ``declare``, ``acquire``, ``release``, ``job_of``, ``lit``, ``record_is_safe``, ``snapshot``,
-``lease_pair``, ``lease_a``, ``Harness``, ``LeaseHarness``), and ``spawn`` starts a real controller process.
+``lease_pair``, ``lease_a``, ``Harness``, ``LeaseHarness``, ``scripted``, ``until``), and ``spawn`` starts a real
+controller process.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import json
 import random
 import selectors
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -799,3 +802,111 @@ def spawn(tmp_path, frontend):
         proc.wait(10)
         proc.stdout.close()
         log.close()
+
+
+# -- a scripted controller on loopback (the client's side, without the real one) ------------------------------------
+
+
+class Scripted:
+    """A controller that records every line and answers through ``answer(message) -> reply | None`` (None:
+    no reply yet; ``reply_later`` sends one). ``drop()`` closes the current connection; ``frozen`` stops
+    answering while the socket stays open (a SIGSTOPped controller's kernel still accepts)."""
+
+    def __init__(self, answer=None):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.answer = answer or (lambda m: {"id": m["id"], "ok": True})
+        self.lines: list[list[dict]] = []  # per connection, the messages read
+        self.conns: list[socket.socket] = []
+        self.opened: list[float] = []  # per connection, when accepted
+        self.ended: dict[int, float] = {}  # per connection, when the client's side closed (EOF read)
+        self.frozen = False
+        self.flapping = False  # close every connection after answering its hello
+        self.accepting = threading.Event()
+        self.accepting.set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepting.wait()
+            with self.lock:
+                self.conns.append(conn)
+                self.opened.append(time.monotonic())
+                self.lines.append([])
+                seen = self.lines[-1]
+            threading.Thread(target=self._serve, args=(conn, seen, len(self.conns) - 1), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, seen: list[dict], index: int) -> None:
+        with conn, conn.makefile("rb") as reader:
+            try:
+                for line in reader:
+                    message = json.loads(line)
+                    with self.lock:
+                        seen.append(message)
+                    if self.frozen:
+                        continue
+                    reply = self.answer(message)
+                    if reply is not None:
+                        conn.sendall(json.dumps(reply).encode() + b"\n")
+                    if self.flapping and message["op"] == "hello":
+                        conn.shutdown(socket.SHUT_RDWR)
+                        return
+            except OSError:
+                pass
+            self.ended[index] = time.monotonic()
+
+    def send(self, message: dict, conn: int = -1) -> None:
+        self.conns[conn].sendall(json.dumps(message).encode() + b"\n")
+
+    def drop(self) -> None:
+        conn = self.conns[-1]
+        conn.shutdown(socket.SHUT_RDWR)
+
+    def ops(self, conn: int = -1) -> list[str]:
+        with self.lock:
+            return [m["op"] for m in self.lines[conn] if m["op"] != "heartbeat"]
+
+    def messages(self, conn: int = -1) -> list[dict]:
+        with self.lock:
+            return [m for m in self.lines[conn] if m["op"] != "heartbeat"]
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def until(check, what: str, timeout: float = 20.0) -> None:
+    """Poll ``check`` every 10 ms until it holds; an AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture(name="scripted")
+def scripted_fixture():
+    """``make(answer=None)`` starts a :class:`Scripted` controller; all are closed after the test."""
+    made = []
+
+    def make(answer=None) -> Scripted:
+        made.append(Scripted(answer))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture(name="until")
+def until_fixture():
+    return until

@@ -6,8 +6,6 @@ controller, and the one line every wait raises once the controller is gone past 
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,105 +16,7 @@ from lightrail.errors import InfeasibleError
 from lightrail.runtime.controller.client import ControllerClient, ControllerError
 
 
-class Scripted:
-    """A controller that records every line and answers through ``answer(message) -> reply | None`` (None:
-    no reply yet; ``reply_later`` sends one). ``drop()`` closes the current connection; ``frozen`` stops
-    answering while the socket stays open (a SIGSTOPped controller's kernel still accepts)."""
-
-    def __init__(self, answer=None):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.answer = answer or (lambda m: {"id": m["id"], "ok": True})
-        self.lines: list[list[dict]] = []  # per connection, the messages read
-        self.conns: list[socket.socket] = []
-        self.opened: list[float] = []  # per connection, when accepted
-        self.ended: dict[int, float] = {}  # per connection, when the client's side closed (EOF read)
-        self.frozen = False
-        self.flapping = False  # close every connection after answering its hello
-        self.accepting = threading.Event()
-        self.accepting.set()
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepting.wait()
-            with self.lock:
-                self.conns.append(conn)
-                self.opened.append(time.monotonic())
-                self.lines.append([])
-                seen = self.lines[-1]
-            threading.Thread(target=self._serve, args=(conn, seen, len(self.conns) - 1), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, seen: list[dict], index: int) -> None:
-        with conn, conn.makefile("rb") as reader:
-            try:
-                for line in reader:
-                    message = json.loads(line)
-                    with self.lock:
-                        seen.append(message)
-                    if self.frozen:
-                        continue
-                    reply = self.answer(message)
-                    if reply is not None:
-                        conn.sendall(json.dumps(reply).encode() + b"\n")
-                    if self.flapping and message["op"] == "hello":
-                        conn.shutdown(socket.SHUT_RDWR)
-                        return
-            except OSError:
-                pass
-            self.ended[index] = time.monotonic()
-
-    def send(self, message: dict, conn: int = -1) -> None:
-        self.conns[conn].sendall(json.dumps(message).encode() + b"\n")
-
-    def drop(self) -> None:
-        conn = self.conns[-1]
-        conn.shutdown(socket.SHUT_RDWR)
-
-    def ops(self, conn: int = -1) -> list[str]:
-        with self.lock:
-            return [m["op"] for m in self.lines[conn] if m["op"] != "heartbeat"]
-
-    def messages(self, conn: int = -1) -> list[dict]:
-        with self.lock:
-            return [m for m in self.lines[conn] if m["op"] != "heartbeat"]
-
-    def close(self) -> None:
-        self.listener.close()
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-def _until(check, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-@pytest.fixture
-def scripted():
-    made = []
-
-    def make(answer=None) -> Scripted:
-        made.append(Scripted(answer))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
-
-
-def test_reconnect_says_hello_redeclares_holds_and_resends_unanswered(scripted):
+def test_reconnect_says_hello_redeclares_holds_and_resends_unanswered(scripted, until):
     held_back = set()  # acquires of "wait" are answered only on the second connection
 
     def answer(m):
@@ -139,10 +39,10 @@ def test_reconnect_says_hello_redeclares_holds_and_resends_unanswered(scripted):
         c.acquire("idle", lease=False)
         c.release("idle")  # done with: nothing to hold
         pending = c.send("acquire", job="j", rank=1, key="wait")
-        _until(lambda: held_back, "the first acquire of 'wait' to arrive")
+        until(lambda: held_back, "the first acquire of 'wait' to arrive")
         old_id = next(iter(held_back))
         ctl.drop()
-        _until(lambda: len(ctl.lines) == 2 and "acquire" in ctl.ops(), "the reconnect to re-send the acquire")
+        until(lambda: len(ctl.lines) == 2 and "acquire" in ctl.ops(), "the reconnect to re-send the acquire")
         again = ctl.messages()
         assert [m["op"] for m in again] == ["hello", "group", "group", "group", "group", "hold", "hold", "acquire"]
         assert again[0] == {"id": 0, "op": "hello", "job": "j", "rank": 1, "world": 4, "ports": {"rail0": 1},
@@ -157,14 +57,14 @@ def test_reconnect_says_hello_redeclares_holds_and_resends_unanswered(scripted):
         # the lease became a held op: its end releases it (and the next op under it holds first)
         assert not c.holds("lease") and not c.enter("lease")
         c.leave("lease")
-        _until(lambda: ctl.ops()[-1] == "release", "the release of the held lease")
+        until(lambda: ctl.ops()[-1] == "release", "the release of the held lease")
         c.release("op")
         assert c.bye()["ok"] is True  # bye after a reconnect still works
     finally:
         c.close()
 
 
-def test_after_a_reconnect_lease_acquires_are_holds_until_one_is_refused(scripted):
+def test_after_a_reconnect_lease_acquires_are_holds_until_one_is_refused(scripted, until):
     refuse = threading.Event()
 
     def answer(m):
@@ -186,11 +86,11 @@ def test_after_a_reconnect_lease_acquires_are_holds_until_one_is_refused(scripte
         c.leave("dp")  # the lease stands, no op in flight
         assert c.holds("dp")
         ctl.send({"op": "revoke", "job": "j", "rank": 0, "key": "dp", "lease": 3})
-        _until(lambda: "ack" in ctl.ops(), "the ack of the revoke")
+        until(lambda: "ack" in ctl.ops(), "the ack of the revoke")
         c.acquire("dp", lease=True)  # a new lease, idle after its op
         c.leave("dp")
         ctl.drop()
-        _until(lambda: len(ctl.lines) == 2 and c.connected, "the reconnect")
+        until(lambda: len(ctl.lines) == 2 and c.connected, "the reconnect")
         time.sleep(0.2)  # anything the client would still send on its own
         assert ctl.ops() == ["hello", "group"]  # no hold (no op in flight), the unanswered ack dropped
         assert not c.holds("dp") and not c.enter("dp")  # the idle lease is forgotten
@@ -209,7 +109,7 @@ def test_after_a_reconnect_lease_acquires_are_holds_until_one_is_refused(scripte
         c.close()
 
 
-def test_a_lease_acquire_waiting_at_the_reconnect_becomes_a_hold(scripted):
+def test_a_lease_acquire_waiting_at_the_reconnect_becomes_a_hold(scripted, until):
     def answer(m):
         if m["op"] == "acquire" and len(ctl.lines) == 1:
             return None  # the first controller never grants it
@@ -222,7 +122,7 @@ def test_a_lease_acquire_waiting_at_the_reconnect_becomes_a_hold(scripted):
         c.declare("pp", [0, 1], {"rail0": {0: 1, 1: 0}})
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(c.acquire, "pp", lease=True)
-            _until(lambda: "acquire" in ctl.ops(), "the acquire")
+            until(lambda: "acquire" in ctl.ops(), "the acquire")
             ctl.drop()
             reply = waiting.result(20)  # the peer is inside the op: the hold joins it
         assert reply["granted"] and reply["held"] and ctl.ops() == ["hello", "group", "hold"]
@@ -231,7 +131,7 @@ def test_a_lease_acquire_waiting_at_the_reconnect_becomes_a_hold(scripted):
         c.close()
 
 
-def test_a_waiting_lease_acquire_keeps_trying_to_hold_and_a_won_hold_answers_it(scripted):
+def test_a_waiting_lease_acquire_keeps_trying_to_hold_and_a_won_hold_answers_it(scripted, until):
     holds = []
 
     def answer(m):
@@ -251,7 +151,7 @@ def test_a_waiting_lease_acquire_keeps_trying_to_hold_and_a_won_hold_answers_it(
         c.hello(2, {"rail0": 0})
         c.declare("dp", [0, 1], {"rail0": {0: 1, 1: 0}})
         ctl.drop()
-        _until(lambda: len(ctl.lines) == 2 and c.connected, "the reconnect")
+        until(lambda: len(ctl.lines) == 2 and c.connected, "the reconnect")
         reply = c.acquire("dp", lease=True)  # hold refused, acquire waits, holds again until one is granted
         assert reply["granted"] and reply["held"] and len(holds) == 4
         assert ctl.ops() == ["hello", "group", "hold", "acquire", "hold", "hold", "hold"]
@@ -261,14 +161,14 @@ def test_a_waiting_lease_acquire_keeps_trying_to_hold_and_a_won_hold_answers_it(
         c.close()
 
 
-def test_requests_made_while_reconnecting_go_out_once_it_is_back(scripted):
+def test_requests_made_while_reconnecting_go_out_once_it_is_back(scripted, until):
     ctl = scripted()
     c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=0, heartbeat_timeout=None, reconnect_timeout=20)
     try:
         c.hello(2, {"rail0": 0})
         ctl.accepting.clear()  # the controller is down for a while: connections queue, nothing is read
         ctl.drop()
-        _until(lambda: not c.connected, "the loss to be seen")
+        until(lambda: not c.connected, "the loss to be seen")
         ids = [c.send("prepare", detached=False, job="j", rank=0, key=k) for k in ("a", "b")]
         ctl.accepting.set()
         assert [c.wait(i)["ok"] for i in ids] == [True, True]
@@ -277,7 +177,7 @@ def test_requests_made_while_reconnecting_go_out_once_it_is_back(scripted):
         c.close()
 
 
-def test_refusals_and_failover_pushes_reach_the_caller(scripted):
+def test_refusals_and_failover_pushes_reach_the_caller(scripted, until):
     def answer(m):
         if m["op"] == "acquire":
             return {"id": m["id"], "ok": False, "error": {"type": "Failover", "message": "rank 3 failed over",
@@ -299,19 +199,19 @@ def test_refusals_and_failover_pushes_reach_the_caller(scripted):
         port = {"op": "port_failed", "job": "j", "device": "rail0", "port": 5}
         for m in (failover, dead, port):
             ctl.send(m)
-        _until(lambda: len(c.pushes) == 3, "the pushes")
+        until(lambda: len(c.pushes) == 3, "the pushes")
         assert seen == {"failover": [failover], "dead": [dead, port]}
     finally:
         c.close()
 
 
-def test_a_frozen_controller_is_found_by_heartbeat_and_waits_end_in_one_line(scripted):
+def test_a_frozen_controller_is_found_by_heartbeat_and_waits_end_in_one_line(scripted, until):
     ctl = scripted()
     c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=2, timeout=600, heartbeat_timeout=0.2,
                          reconnect_timeout=1.0)
     try:
         c.hello(4, {"rail0": 2})
-        _until(lambda: any(m["op"] == "heartbeat" for m in ctl.lines[0]), "a heartbeat")
+        until(lambda: any(m["op"] == "heartbeat" for m in ctl.lines[0]), "a heartbeat")
         assert c.reconnects == 0  # answered heartbeats keep the connection
         ctl.frozen = True  # reads, never answers: the socket stays open, as a SIGSTOPped controller's does
         request = c.send("acquire", job="j", rank=2, key="dp")
@@ -323,7 +223,7 @@ def test_a_frozen_controller_is_found_by_heartbeat_and_waits_end_in_one_line(scr
         assert len(ctl.lines) >= 2  # it tried again (and the hello went unanswered)
         # the silent connection stayed open while it tried (a hello on a new one takes it over, so a controller
         # that was only slow does not see the rank fail), and was closed when it gave up
-        _until(lambda: 0 in ctl.ended, "the old connection to be closed")
+        until(lambda: 0 in ctl.ended, "the old connection to be closed")
         assert ctl.ended[0] > ctl.opened[1]
         with pytest.raises(InfeasibleError):
             c.send("release", job="j", rank=2, key="dp")  # nothing more goes out once it gave up

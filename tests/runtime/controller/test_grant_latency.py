@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-from tests.runtime.controller.conftest import acquire, declare, job_of, make, release
 
 from lightrail.runtime.controller.core import Controller
 from lightrail.runtime.controller.protocol import Ack
@@ -30,7 +29,8 @@ def counts(c: Controller) -> dict[str, int]:
             "revoke_rtt": c.revoke_rtt.count}
 
 
-def test_a_group_whose_circuits_are_lit_is_timed_lit_from_its_last_members_acquire():
+def test_a_group_whose_circuits_are_lit_is_timed_lit_from_its_last_members_acquire(
+        make, declare, acquire, release, job_of):
     """Ready is the last member's acquire, not the first: rank 0 waited 0.5 s for rank 1, the grant took 0."""
     async def run():
         c, vt = make()
@@ -54,7 +54,8 @@ def test_a_group_whose_circuits_are_lit_is_timed_lit_from_its_last_members_acqui
     asyncio.run(run())
 
 
-def test_a_switch_is_timed_from_ready_and_its_overhead_is_what_is_not_the_delay():
+def test_a_switch_is_timed_from_ready_and_its_overhead_is_what_is_not_the_delay(
+        make, declare, acquire, release, job_of):
     """A alone: a switch of exactly D, no overhead. B is ready while A's per-op round holds the ports it switches:
     0.3 s later A releases, B switches, and its latency is 0.3 + D, of which the overhead is the 0.3."""
     async def run():
@@ -85,7 +86,8 @@ def test_a_switch_is_timed_from_ready_and_its_overhead_is_what_is_not_the_delay(
     asyncio.run(run())
 
 
-def test_a_switch_a_prepare_started_counts_only_from_ready_and_one_over_before_ready_is_lit():
+def test_a_switch_a_prepare_started_counts_only_from_ready_and_one_over_before_ready_is_lit(
+        make, declare, acquire, release, job_of):
     """Provisioned: the members prepare, the switch starts; an acquire half-way through waits D/2 (all of it the
     switch: no overhead); a group whose prepared switch was over before its members acquired is lit."""
     async def run():
@@ -114,7 +116,8 @@ def test_a_switch_a_prepare_started_counts_only_from_ready_and_one_over_before_r
     asyncio.run(run())
 
 
-def test_a_group_blocked_by_a_lease_times_the_revoke_round_trip_and_its_switch():
+def test_a_group_blocked_by_a_lease_times_the_revoke_round_trip_and_its_switch(
+        make, declare, acquire, release, job_of):
     """B needs A's lease ports: revoke pushed at t1, acks at t1 + 0.2 and t1 + 0.5, so the round trip is 0.5; B then
     switches (it needed a switch too: kind switch, not revoke) and its overhead is the 0.5 it waited for the lease."""
     async def run():
@@ -147,7 +150,8 @@ def test_a_group_blocked_by_a_lease_times_the_revoke_round_trip_and_its_switch()
     asyncio.run(run())
 
 
-def test_a_group_lit_by_another_groups_switch_after_a_revoke_is_timed_revoke():
+def test_a_group_lit_by_another_groups_switch_after_a_revoke_is_timed_revoke(
+        make, declare, acquire, release, job_of):
     """Skip-if-present grants a lit group whatever leases hold the same circuits, so a revoke without a switch of
     one's own takes a third group: W (ready first) and P both wait for A's lease; once it ends W switches, lighting
     P's circuits too, and P is granted when W's switch settles, with no switch of its own: kind revoke."""
@@ -260,7 +264,7 @@ def test_bench_controller_grant_latency_prints_every_kind_and_round_trip():
     pytest.importorskip("uvicorn")
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_controller.py"
+    bench = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_controller.py"
     done = subprocess.run([sys.executable, str(bench), "--grant-latency", "--rounds", "3"], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -11,8 +11,6 @@ import asyncio
 import json
 import os
 import secrets
-import socket
-import threading
 import time
 from types import SimpleNamespace
 
@@ -294,71 +292,12 @@ def test_the_server_answers_a_yield_and_counts_it_on_metrics(pair, acquire):
 # --- the client ------------------------------------------------------------------------------------------------------
 
 
-class Scripted:
-    """A controller on loopback that records every message and answers each with ``answer(message)`` (None: no
-    reply); ``drop()`` closes the current connection (the client reconnects)."""
+@pytest.fixture(name="yielding")
+def yielding_fixture(scripted):
+    """``start(yields=..., answer_yield=True)``: a scripted controller that grants leases and, if ``yields``,
+    says so in its hello reply."""
 
-    def __init__(self, answer):
-        self.answer, self.lines, self.conns = answer, [], []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.conns.append(conn)
-                self.lines.append([])
-                seen = self.lines[-1]
-            threading.Thread(target=self._serve, args=(conn, seen), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, seen: list[dict]) -> None:
-        with conn, conn.makefile("rb") as reader:
-            try:
-                for line in reader:
-                    message = json.loads(line)
-                    with self.lock:
-                        seen.append(message)
-                    reply = self.answer(message)
-                    if reply is not None:
-                        conn.sendall(json.dumps(reply).encode() + b"\n")
-            except OSError:
-                pass
-
-    def messages(self, conn: int = -1) -> list[dict]:
-        with self.lock:
-            return [m for m in self.lines[conn] if m["op"] != "heartbeat"]
-
-    def drop(self) -> None:
-        self.conns[-1].shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-def _until(check, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-@pytest.fixture
-def scripted():
-    made: list[Scripted] = []
-
-    def start(*, yields: bool, answer_yield: bool = True) -> Scripted:
+    def start(*, yields: bool, answer_yield: bool = True):
         def answer(m):
             if m["op"] == "hold":  # after a reconnect: no peer's op to join, the client acquires
                 return {"id": m["id"], "ok": True, "held": False}
@@ -369,16 +308,13 @@ def scripted():
             if m["op"] == "yield" and not answer_yield:
                 return None
             return {"id": m["id"], "ok": True}
-        made.append(Scripted(answer))
-        return made[-1]
+        return scripted(answer)
 
-    yield start
-    for s in made:
-        s.close()
+    return start
 
 
-def test_the_client_yields_an_idle_lease_in_one_message_and_acquires_again(scripted):
-    ctl = scripted(yields=True)
+def test_the_client_yields_an_idle_lease_in_one_message_and_acquires_again(yielding, until):
+    ctl = yielding(yields=True)
     c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=0, heartbeat_timeout=None)
     try:
         c.hello(2, {"rail0": 0})
@@ -391,21 +327,21 @@ def test_the_client_yields_an_idle_lease_in_one_message_and_acquires_again(scrip
         sent = c.requests
         assert c.yield_lease("pp") and not c.holds("pp") and not c.enter("pp") and c.requests == sent + 1
         assert not c.yield_lease("pp") and not c.yield_lease("dp")  # nothing left to give back
-        _until(lambda: ctl.messages()[-1]["op"] == "yield", "the yield")
+        until(lambda: ctl.messages()[-1]["op"] == "yield", "the yield")
         assert ctl.messages()[-1] == {"id": ctl.messages()[-1]["id"], "op": "yield", "job": "j", "rank": 0,
                                       "key": "pp", "lease": 5, "ops": 2}
         assert c.acquire("pp", lease=True)["lease"] == 5 and ctl.messages()[-1]["op"] == "acquire"
         c.leave("pp")
         ctl_revoke = {"op": "revoke", "job": "j", "rank": 0, "key": "pp", "lease": 5}
         ctl.conns[-1].sendall(json.dumps(ctl_revoke).encode() + b"\n")
-        _until(lambda: ctl.messages()[-1]["op"] == "ack", "the ack")
+        until(lambda: ctl.messages()[-1]["op"] == "ack", "the ack")
         assert not c.yield_lease("pp")  # revoked and acked: nothing to yield
     finally:
         c.close()
 
 
-def test_the_client_never_yields_to_a_controller_that_does_not_take_it(scripted):
-    ctl = scripted(yields=False)
+def test_the_client_never_yields_to_a_controller_that_does_not_take_it(yielding):
+    ctl = yielding(yields=False)
     c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=0, heartbeat_timeout=None)
     try:
         c.hello(2, {"rail0": 0})
@@ -419,9 +355,9 @@ def test_the_client_never_yields_to_a_controller_that_does_not_take_it(scripted)
         c.close()
 
 
-def test_a_yield_unanswered_at_a_reconnect_is_not_sent_again(scripted):
+def test_a_yield_unanswered_at_a_reconnect_is_not_sent_again(yielding, until):
     """The restarted controller knows no lease: a yield of the lost connection's lease is dropped, as an ack is."""
-    ctl = scripted(yields=True, answer_yield=False)
+    ctl = yielding(yields=True, answer_yield=False)
     c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=0, heartbeat_timeout=None, reconnect_timeout=20)
     try:
         c.hello(2, {"rail0": 0})
@@ -429,9 +365,9 @@ def test_a_yield_unanswered_at_a_reconnect_is_not_sent_again(scripted):
         c.acquire("pp", lease=True)
         c.leave("pp")
         assert c.yield_lease("pp")
-        _until(lambda: ctl.messages()[-1]["op"] == "yield", "the yield")
+        until(lambda: ctl.messages()[-1]["op"] == "yield", "the yield")
         ctl.drop()
-        _until(lambda: len(ctl.lines) == 2 and c.connected, "the reconnect")
+        until(lambda: len(ctl.lines) == 2 and c.connected, "the reconnect")
         time.sleep(0.2)
         assert [m["op"] for m in ctl.messages()] == ["hello", "group"]
         c.acquire("pp", lease=True)
@@ -444,7 +380,7 @@ def test_a_yield_unanswered_at_a_reconnect_is_not_sent_again(scripted):
 # --- a real controller and its clients -------------------------------------------------------------------------------
 
 
-def test_real_clients_yield_and_the_next_pair_switches_with_no_revoke(spawn, tmp_path):
+def test_real_clients_yield_and_the_next_pair_switches_with_no_revoke(spawn, tmp_path, until):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
     operator = secrets.token_urlsafe(24)
@@ -468,7 +404,7 @@ def test_real_clients_yield_and_the_next_pair_switches_with_no_revoke(spawn, tmp
         for r in (0, 1):
             clients[r].leave("A")
             assert clients[r].yield_lease("A")
-        _until(lambda: admin.get("/jobs").json()["j"]["groups"]["A"]["lease"] is None, "both yields in")
+        until(lambda: admin.get("/jobs").json()["j"]["groups"]["A"]["lease"] is None, "both yields in")
         assert all("lease" in reply for reply in asyncio.run(op((0, 2), "B")))
         text = admin.get("/metrics").text
         assert admin.get("/state").json()["devices"]["rail0"]["circuits"] == {"0": 2, "2": 0}
