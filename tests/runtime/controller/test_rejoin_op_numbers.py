@@ -13,7 +13,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from tests.runtime.controller.test_client_reconnect import _until, scripted  # noqa: F401
 from tests.runtime.controller.test_rejoin_core import PAIR, RING, restarted  # noqa: F401
 
 from lightrail.runtime.controller.client import ControllerClient, ControllerError
@@ -123,7 +122,7 @@ def test_holds_an_op_apart_let_in_either_op_and_no_later_one(restarted, release)
     asyncio.run(run())
 
 
-def test_the_client_numbers_its_ops_per_key_and_keeps_them_across_a_reconnect(scripted):  # noqa: F811
+def test_the_client_numbers_its_ops_per_key_and_keeps_them_across_a_reconnect(scripted, until):  # noqa: F811
     """Acquires count per key; ops entered under a lease count; a re-sent acquire, a hold after the reconnect
     and the hold standing in for a lease acquire carry the number of their op; a refused acquire gives its
     number back (the op did not start); the next op after the reconnect goes on counting."""
@@ -165,7 +164,7 @@ def test_the_client_numbers_its_ops_per_key_and_keeps_them_across_a_reconnect(sc
         c.release("bad")
         with ThreadPoolExecutor(1) as pool:
             lost = pool.submit(c.acquire, "b")
-            _until(lambda: numbers(0, "acquire", "b") == [1, 2], "the acquire of op 2 of 'b'")
+            until(lambda: numbers(0, "acquire", "b") == [1, 2], "the acquire of op 2 of 'b'")
             ctl.drop()
             assert lost.result(20)["granted"] is True
         assert numbers(0, "acquire", "a") == [1, 2] and numbers(0, "acquire", "lease") == [1]
