@@ -18,7 +18,9 @@ order), which is what lets the circuit state be decided causally:
   circuits, NVLink plus those circuits, or the rail switches on electrical rails; as NCCL runs it by
   default), slowed by what shares its links;
 - a receive waits for its matching send (blocking sends; FIFO per stage pair): the data arrives when the
-  send's flow ends;
+  send's flow ends. A send that checks in (or whose receiver must) is granted once the receiver checked in
+  too, when it reaches its receive: the pair is one group, as the runtime's acquire barrier (a receive right
+  after a send is posted with it, as Megatron batches them, so no pipeline schedule deadlocks);
 - a communicator (a stage's group over the op's dimensions) runs its collectives one at a time in issue order,
   as NCCL's stream does: gradient buckets follow one another; ops of different communicators overlap;
 - ops in flight at the same time share the links they both cross (:class:`lightrail.sharing.FairShare`:
