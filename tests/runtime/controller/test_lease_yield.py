@@ -35,16 +35,11 @@ def ack(c: Controller, rank: int, key: str, lease: int, ops: int, inside: bool =
 
 
 @pytest.fixture
-def pair(make, job_of, declare, acquire):
-    """``await pair() -> (c, vt, pushed)``: ranks 0..3 on port r of rail0; A = the pp pair 0 <-> 1 and B = the
-    dp pair 0 <-> 2 (both switch port 0), A granted to ranks 0 and 1 on lease 1 (its switch settled)."""
+def pair(lease_pair, acquire):
+    """``await pair() -> (c, vt, pushed)``: the conftest's ``lease_pair`` (A = ranks 0 <-> 1, B = ranks 0 <-> 2,
+    both switching port 0 of rail0), A granted to ranks 0 and 1 on lease 1 (its switch settled)."""
     async def start():
-        c, vt = make()
-        pushed: list = []
-        c.notify = lambda job, rank, message: pushed.append((rank, message))
-        job_of(c)
-        declare(c, "j", "A", [0, 1], {"rail0": {0: 1, 1: 0}}, phase="pp")
-        declare(c, "j", "B", [0, 2], {"rail0": {0: 2, 2: 0}}, phase="dp")
+        c, vt, pushed = lease_pair()
         fa = [acquire(c, "j", r, "A", lease=True) for r in (0, 1)]
         await vt.settle()
         assert [f.result() for f in fa] == [{"lease": 1}, {"lease": 1}]

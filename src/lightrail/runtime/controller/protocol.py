@@ -112,7 +112,17 @@ class Release(_Message):
     key: str
 
 
-class Ack(_Message):
+class _LeaseCount(_Message):
+    """A holder's account of a lease: the ops it started under it (:class:`Ack`, :class:`Yield`)."""
+
+    job: str
+    rank: int
+    key: str
+    lease: int = Field(ge=1)
+    ops: int = Field(ge=0)
+
+
+class Ack(_LeaseCount):
     """The answer to a :class:`Revoke`: the rank starts no new op under the lease.
 
     ``ops`` counts the ops the rank started under the lease; with ``inside`` the last of them is
@@ -122,15 +132,10 @@ class Ack(_Message):
     """
 
     op: Literal["ack"]
-    job: str
-    rank: int
-    key: str
-    lease: int = Field(ge=1)
-    ops: int = Field(ge=0)
     inside: bool = False
 
 
-class Yield(_Message):
+class Yield(_LeaseCount):
     """A holder gives its lease back before any revoke: it is done with the group for now (provisioned mode: it
     announced another group next) and inside no op on it. ``ops`` counts the ops it started under the lease, as
     in :class:`Ack`: the controller takes a yield as the ack of a revoke not yet sent (the lease ends once no
@@ -139,11 +144,6 @@ class Yield(_Message):
     back) is answered ``stale`` and changes nothing."""
 
     op: Literal["yield"]
-    job: str
-    rank: int
-    key: str
-    lease: int = Field(ge=1)
-    ops: int = Field(ge=0)
 
 
 class Revoke(BaseModel):
