@@ -30,11 +30,15 @@ Synthetic default (:func:`synthetic_population`; every draw from one ``seed``):
 Trace files (CSV, one header line, ``#`` lines are comments; see :func:`parse_clients`, :func:`parse_availability`,
 :func:`parse_jobs`):
 
-- clients: ``client_id,cpu_ghz,memory_gb,os,speed`` (os one of ``OSES``; speed in work units per second > 0);
+- clients: ``client_id,cpu_ghz,memory_gb,os,speed[,fp16_mem]`` (os one of ``OSES``, optionally with its version:
+  ``android13``, ``ios17.2``; speed in work units per second > 0; ``fp16_mem``, optional, MB as Propius's device
+  profiles give it);
 - availability: ``client_id,start_s,end_s`` (sessions; a client may have many; overlapping ones are merged;
   clients with no line are never online). Without an availability file, the synthetic sessions are used;
-- jobs: ``arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work`` (os: OSes joined by ``|``, e.g.
-  ``android|ios``, or ``any``/``*``/empty for all).
+- jobs: ``arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work[,min_fp16_mem]`` (os: OSes joined by ``|``,
+  each optionally with a least version, e.g. ``android>=7|ios``, or ``any``/``*``/empty for all).
+
+A Propius evaluation setup becomes these files with ``benchmarks/propius_to_lightrail.py`` (see the README).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightrail.errors import ScenarioError
-from lightrail.fl.model import OSES, Clients, Jobs, eligibility, os_code
+from lightrail.fl.model import OSES, Clients, Jobs, eligibility, os_name, parse_os
 from lightrail.fl.policies import static_partition
 
 __all__ = ["Population", "synthetic_population", "synthetic_clients", "synthetic_sessions", "synthetic_jobs",
@@ -58,6 +62,9 @@ DAY = 86_400.0
 CLIENTS_HEADER = ("client_id", "cpu_ghz", "memory_gb", "os", "speed")
 AVAILABILITY_HEADER = ("client_id", "start_s", "end_s")
 JOBS_HEADER = ("arrival_s", "min_cpu_ghz", "min_memory_gb", "os", "rounds", "demand", "work")
+CLIENTS_OPTIONAL = ("fp16_mem",)
+JOBS_OPTIONAL = ("min_fp16_mem",)
+"""Columns a trace may add after the required ones (in this order)."""
 
 _MEMORY_GB = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 _MEMORY_P = (0.10, 0.20, 0.25, 0.20, 0.15, 0.10)
@@ -179,18 +186,21 @@ def synthetic_population(clients: int = 10_000, jobs: int = 20, *, seed: int = 0
 
 # ---- trace files ---------------------------------------------------------------------------------------------
 
-def _rows(text: str, header: tuple[str, ...], name: str, field: str):
-    """(line number, {column: text}) per data line, after checking the header."""
+def _rows(text: str, header: tuple[str, ...], name: str, field: str, optional: tuple[str, ...] = ()):
+    """(line number, {column: text}) per data line, after checking the header (the required columns, then any
+    leading part of ``optional``)."""
     lines = [(k, ln) for k, ln in enumerate(text.splitlines(), start=1)
              if ln.strip() and not ln.lstrip().startswith("#")]
-    fix = f"write a CSV with the header {','.join(header)}"
+    fix = f"write a CSV with the header {','.join(header)}" + (f" (optionally ,{','.join(optional)})"
+                                                               if optional else "")
     if not lines:
         raise ScenarioError(f"{name}: empty file", field=field, fix=fix)
     k0, head = lines[0]
     got = [h.strip() for h in head.split(",")]
-    if got != list(header):
+    if got[:len(header)] != list(header) or got[len(header):] != list(optional[:len(got) - len(header)]):
         raise ScenarioError(f"{name} line {k0}: header {','.join(got)!r} is not {','.join(header)}", field=field,
                             fix=fix)
+    header = tuple(got)
     for k, ln in lines[1:]:
         parts = next(csv.reader(io.StringIO(ln)))
         if len(parts) != len(header):
@@ -216,10 +226,11 @@ def _num(row: dict, col: str, k: int, name: str, field: str, *, kind=float, lo: 
 
 
 def parse_clients(text: str, *, name: str = "clients", field: str = "--clients-trace") -> tuple[Clients, tuple]:
-    """Clients CSV ``client_id,cpu_ghz,memory_gb,os,speed``; returns the clients and their ids (file order)."""
-    ids, cpu, mem, os_, speed = [], [], [], [], []
+    """Clients CSV ``client_id,cpu_ghz,memory_gb,os,speed[,fp16_mem]``; returns the clients and their ids (file
+    order)."""
+    ids, cpu, mem, os_, ver, speed, fp16 = [], [], [], [], [], [], []
     seen: set[str] = set()
-    for k, row in _rows(text, CLIENTS_HEADER, name, field):
+    for k, row in _rows(text, CLIENTS_HEADER, name, field, CLIENTS_OPTIONAL):
         cid = row["client_id"]
         if not cid or cid in seen:
             raise ScenarioError(f"{name} line {k}, column client_id: {'empty' if not cid else 'repeated'} "
@@ -228,11 +239,15 @@ def parse_clients(text: str, *, name: str = "clients", field: str = "--clients-t
         ids.append(cid)
         cpu.append(_num(row, "cpu_ghz", k, name, field, lo=0.0))
         mem.append(_num(row, "memory_gb", k, name, field, lo=0.0))
-        os_.append(os_code(row["os"], field=f"{field} ({name} line {k}, column os)"))
+        code, version = parse_os(row["os"], field=f"{field} ({name} line {k}, column os)")
+        os_.append(code)
+        ver.append(version)
         speed.append(_num(row, "speed", k, name, field, lo=0.0, strict=True))
+        fp16.append(_num(row, "fp16_mem", k, name, field, lo=0.0) if "fp16_mem" in row else 0.0)
     if not ids:
         raise ScenarioError(f"{name}: no client", field=field, fix="one line per client after the header")
-    return Clients(np.array(cpu), np.array(mem), np.array(os_, dtype=np.int64), np.array(speed)), tuple(ids)
+    return Clients(np.array(cpu), np.array(mem), np.array(os_, dtype=np.int64), np.array(speed),
+                   os_version=np.array(ver), fp16_mem=np.array(fp16)), tuple(ids)
 
 
 def parse_availability(text: str, client_ids: tuple[str, ...], *, name: str = "availability",
@@ -258,43 +273,60 @@ def parse_availability(text: str, client_ids: tuple[str, ...], *, name: str = "a
     return _merge_sessions(c, s, e, 0.0, math.inf)
 
 
-def _os_mask(text: str, k: int, name: str, field: str) -> int:
+def _os_mask(text: str, k: int, name: str, field: str) -> tuple[int, list[float]]:
+    """(mask of allowed OSes, least version per OS) from ``android>=7|ios``."""
     t = text.strip().lower()
+    least = [0.0] * len(OSES)
     if t in ("", "*", "any", "all"):
-        return _ALL_OS
+        return _ALL_OS, least
     mask = 0
+    where = f"{field} ({name} line {k}, column os)"
     for part in t.split("|"):
-        mask |= 1 << os_code(part, field=f"{field} ({name} line {k}, column os)")
-    return mask
+        fam, sep, ver = part.partition(">=")
+        code, exact = parse_os(fam, field=where)
+        if exact:
+            raise ScenarioError(f"{name} line {k}, column os: {part.strip()!r} names a version without >=",
+                                field=field, fix=f"a least version: {OSES[code]}>={exact:g}")
+        if sep:
+            least[code] = _num({"os": ver}, "os", k, name, field, lo=0.0)
+        mask |= 1 << code
+    return mask, least
 
 
 def parse_jobs(text: str, *, name: str = "jobs", field: str = "--jobs-trace") -> Jobs:
-    """Jobs CSV ``arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work``, sorted by arrival."""
+    """Jobs CSV ``arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work[,min_fp16_mem]``, sorted by arrival
+    (stable: jobs arriving together keep the file's order)."""
     rows = []
-    for k, row in _rows(text, JOBS_HEADER, name, field):
+    for k, row in _rows(text, JOBS_HEADER, name, field, JOBS_OPTIONAL):
+        mask, least = _os_mask(row["os"], k, name, field)
         rows.append((_num(row, "arrival_s", k, name, field, lo=0.0),
                      _num(row, "min_cpu_ghz", k, name, field, lo=0.0),
                      _num(row, "min_memory_gb", k, name, field, lo=0.0),
-                     _os_mask(row["os"], k, name, field),
+                     mask,
                      _num(row, "rounds", k, name, field, kind=int, lo=1),
                      _num(row, "demand", k, name, field, kind=int, lo=1),
-                     _num(row, "work", k, name, field, lo=0.0, strict=True)))
+                     _num(row, "work", k, name, field, lo=0.0, strict=True),
+                     least,
+                     _num(row, "min_fp16_mem", k, name, field, lo=0.0) if "min_fp16_mem" in row else 0.0))
     if not rows:
         raise ScenarioError(f"{name}: no job", field=field, fix="one line per job after the header")
     rows.sort(key=lambda r: r[0])
-    a, cpu, mem, mask, rounds, demand, work = (list(x) for x in zip(*rows, strict=True))
+    a, cpu, mem, mask, rounds, demand, work, least, fp16 = (list(x) for x in zip(*rows, strict=True))
     return Jobs(np.array(cpu, dtype=float), np.array(mem, dtype=float), np.array(mask, dtype=np.int64),
                 np.array(rounds, dtype=np.int64), np.array(demand, dtype=np.int64), np.array(work, dtype=float),
-                np.array(a, dtype=float))
+                np.array(a, dtype=float), min_os_version=np.array(least, dtype=float).reshape(len(rows), len(OSES)),
+                min_fp16_mem=np.array(fp16, dtype=float))
 
 
 def clients_csv(clients: Clients, ids: tuple[str, ...] | None = None) -> str:
     """The clients as a trace file (``repr`` floats, so a parse gives them back exactly)."""
     ids = ids or tuple(f"c{i}" for i in range(len(clients)))
-    lines = [",".join(CLIENTS_HEADER)]
+    fp16 = bool(clients.fp16_mem.any())
+    lines = [",".join(CLIENTS_HEADER + (CLIENTS_OPTIONAL if fp16 else ()))]
     for i in range(len(clients)):
         lines.append(f"{ids[i]},{float(clients.cpu_ghz[i])!r},{float(clients.memory_gb[i])!r},"
-                     f"{OSES[int(clients.os[i])]},{float(clients.speed[i])!r}")
+                     f"{os_name(int(clients.os[i]), float(clients.os_version[i]))},{float(clients.speed[i])!r}"
+                     + (f",{float(clients.fp16_mem[i])!r}" if fp16 else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -306,12 +338,12 @@ def availability_csv(client, start, end, ids: tuple[str, ...] | None = None) -> 
 
 
 def jobs_csv(jobs: Jobs) -> str:
-    lines = [",".join(JOBS_HEADER)]
+    fp16 = bool(jobs.min_fp16_mem.any())
+    lines = [",".join(JOBS_HEADER + (JOBS_OPTIONAL if fp16 else ()))]
     for j in range(len(jobs)):
-        m = int(jobs.os_mask[j])
-        os_text = "any" if m == _ALL_OS else "|".join(o for i, o in enumerate(OSES) if m >> i & 1)
         lines.append(f"{float(jobs.arrival_s[j])!r},{float(jobs.min_cpu_ghz[j])!r},{float(jobs.min_memory_gb[j])!r},"
-                     f"{os_text},{int(jobs.rounds[j])},{int(jobs.demand[j])},{float(jobs.work[j])!r}")
+                     f"{jobs.os_text(j, _ALL_OS)},{int(jobs.rounds[j])},{int(jobs.demand[j])},{float(jobs.work[j])!r}"
+                     + (f",{float(jobs.min_fp16_mem[j])!r}" if fp16 else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -11,15 +11,23 @@ The model (Propius, arXiv 2510.19617, sec. 3-4, with the scheduler's own functio
   pass for ``random``), and the client gets :func:`~lightrail.fl.policies.offer`'s job: the first in that order
   it is eligible for with open demand. ``static``: a client is eligible only for its
   :func:`~lightrail.fl.policies.static_partition` job.
-- A bound client computes ``work / speed`` seconds, then returns its result. If its session ends first, the
-  result is lost at that moment (dropout) and the round's demand reopens by one; the busy time until then counts
-  as busy (wasted) client-seconds.
-- A round ends when ``demand`` results are in (open demand = demand - in flight - results, never overcommitted);
-  the job starts its next round at once, and completes after ``rounds`` rounds. A round's results come from
-  distinct clients: a client that joined a job's current round is not offered that job again until the next
-  round (unless its result was lost). A client may serve one job in consecutive rounds; it is bound to at most
-  one job at a time (checked afterwards from the binding log).
-- The run ends when every job is complete or at ``horizon_s`` (bindings still in flight are cut there).
+- A job's round binds ``places = ceil(over_selection x demand)`` clients and ends when ``demand`` results are in,
+  or fails at its timeout (its results discarded, the same round run again): :class:`~lightrail.fl.rounds.
+  RoundRules`, the definition the real services apply too. A bound client computes ``work / speed`` seconds,
+  then returns its result; a result for a round that has ended meanwhile is late: discarded and counted. If the
+  client's session ends first, the result is lost at that moment (dropout) and its place reopens.
+- A round's results come from distinct clients: a client that joined a job's current round (attempt) is not
+  offered that job again until the next one (unless its result was lost). A client may serve one job in
+  consecutive rounds; it is bound to at most one job at a time (checked afterwards from the binding log).
+- The run ends when every job is complete, or at ``horizon_s``; bindings still in flight there are cut (neither a
+  result nor a dropout), and unfinished jobs have no completion time.
+
+Metrics, as Propius measures them (github.com/EricDinging/Propius at 73807cc): utilization is client-seconds of
+work whose result a round used over online client-seconds (its client reports ``utilize_time / total_time``,
+``evaluation/client/client.py`` ``Client.run``, where ``total_time`` sums the client's active periods; its
+``utilize_time`` counts all executed work, kept here as ``busy_utilization``); JCT is completion - arrival of the
+jobs that finished (``scripts/analyze.py`` leaves out jobs past its time cutoff); binding throughput is bindings
+per second of the run.
 
 Exact shortcut: only check-ins by clients that could be offered a job change anything, so the simulator draws the
 next check-in from the superposition of the Poisson processes of those clients only (thinning: rate = their
@@ -43,20 +51,26 @@ import numpy as np
 from lightrail.errors import ScenarioError
 from lightrail.fl.policies import Policy, job_order, offer, static_partition
 from lightrail.fl.population import Population
+from lightrail.fl.rounds import CUT, DISCARDED, LATE, LOST, USED, RoundRules
 
-__all__ = ["SimRun", "simulate", "double_bookings", "RESULT", "LOST", "CUT"]
+__all__ = ["SimRun", "simulate", "double_bookings", "RESULT", "USED", "LOST", "CUT", "LATE", "DISCARDED",
+           "HORIZON_CAP_S"]
 
-RESULT, LOST, CUT = 0, 1, 2
-"""Outcomes of a binding in the log: result returned, lost (client went offline), cut at the horizon."""
+RESULT = USED
+"""The old name of USED (a returned result its round used)."""
+HORIZON_CAP_S = 30 * 86_400.0
+"""The horizon when none is given: a run stops when every job is done, and at the latest here."""
 
 
 @dataclass(frozen=True, eq=False)
 class SimRun:
-    """One policy's run: the binding log (one entry per binding: client, job, round, start, end, outcome) and
-    per-job completion times (``nan``: not complete by the horizon)."""
+    """One policy's run: the binding log (one entry per binding: client, job, round, start, end, outcome, see
+    :mod:`lightrail.fl.rounds`) and per-job completion times (``nan``: not complete when the run ended)."""
 
     policy: str
     horizon_s: float
+    end_s: float
+    """When the run stopped: the last job's completion, or the horizon."""
     arrival_s: np.ndarray
     completion_s: np.ndarray
     log_client: np.ndarray
@@ -66,11 +80,14 @@ class SimRun:
     log_end: np.ndarray
     log_outcome: np.ndarray
     online_s: float
-    """Client-seconds online in [0, makespan)."""
+    """Client-seconds online in [0, end_s)."""
     events: int
     elapsed_s: float
     idle_checkins: int = 0
     """Check-ins that found no job (the client had joined the current round of every open job it may serve)."""
+    failed_rounds: int = 0
+    """Rounds that timed out before ``demand`` results (each run again)."""
+    rules: RoundRules = RoundRules()
 
     @property
     def finished(self) -> np.ndarray:
@@ -81,15 +98,28 @@ class SimRun:
         return int(self.finished.sum())
 
     @property
+    def jobs_unfinished(self) -> int:
+        return len(self.completion_s) - self.jobs_completed
+
+    @property
     def makespan_s(self) -> float:
-        """When the last job completed; the horizon if some job did not."""
-        return float(self.completion_s.max()) if self.finished.all() and len(self.completion_s) else self.horizon_s
+        """The span the rates are over: ``end_s``."""
+        return self.end_s
 
     @property
     def jct_s(self) -> np.ndarray:
-        """Completion - arrival per job; jobs not complete by the horizon count at the horizon."""
-        end = np.where(self.finished, self.completion_s, self.horizon_s)
-        return np.maximum(end - self.arrival_s, 0.0)
+        """Completion - arrival per job; ``nan`` for a job that did not finish (Propius's ``scripts/analyze.py``
+        leaves such jobs out)."""
+        return self.completion_s - self.arrival_s
+
+    @property
+    def mean_jct_s(self) -> float:
+        """Mean JCT of the finished jobs (``nan`` if none finished)."""
+        jct = self.jct_s[self.finished]
+        return float(jct.mean()) if jct.size else math.nan
+
+    def _count(self, outcome: int) -> int:
+        return int((self.log_outcome == outcome).sum())
 
     @property
     def bindings(self) -> int:
@@ -97,29 +127,51 @@ class SimRun:
 
     @property
     def results(self) -> int:
-        return int((self.log_outcome == RESULT).sum())
+        """Results their rounds used."""
+        return self._count(USED)
 
     @property
     def lost(self) -> int:
-        return int((self.log_outcome == LOST).sum())
+        return self._count(LOST)
 
     @property
     def cut(self) -> int:
-        return int((self.log_outcome == CUT).sum())
+        return self._count(CUT)
+
+    @property
+    def late(self) -> int:
+        return self._count(LATE)
+
+    @property
+    def discarded(self) -> int:
+        return self._count(DISCARDED)
 
     @property
     def busy_s(self) -> float:
+        """Client-seconds bound to a job (all work, whatever became of it)."""
         return float((self.log_end - self.log_start).sum())
 
     @property
+    def used_s(self) -> float:
+        """Client-seconds of work whose result a round used."""
+        ok = self.log_outcome == USED
+        return float((self.log_end[ok] - self.log_start[ok]).sum())
+
+    @property
     def utilization(self) -> float:
-        """Busy client-seconds (computing for a job, lost work included) / online client-seconds, over the
-        makespan."""
+        """Used client-seconds / online client-seconds (Propius's ``utilize_time / total_time`` counting only
+        work whose result was used)."""
+        return self.used_s / self.online_s if self.online_s > 0 else 0.0
+
+    @property
+    def busy_utilization(self) -> float:
+        """Bound client-seconds (late, lost, discarded and cut work too) / online client-seconds: what Propius's
+        evaluation client reports (``evaluation/client/client.py``: ``utilize_time`` adds every executed event)."""
         return self.busy_s / self.online_s if self.online_s > 0 else 0.0
 
     @property
     def bindings_per_s(self) -> float:
-        return self.bindings / self.makespan_s if self.makespan_s > 0 else 0.0
+        return self.bindings / self.end_s if self.end_s > 0 else 0.0
 
     @property
     def double_bookings(self) -> int:
@@ -155,14 +207,19 @@ def _classes(elig: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inverse.reshape(-1).astype(np.int64), class_rows
 
 
+
 def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_interval_s: float = 30.0,
-             horizon_s: float | None = None, progress: Callable[[int], None] | None = None) -> SimRun:
+             horizon_s: float | None = None, rules: RoundRules | None = None,
+             progress: Callable[[int], None] | None = None) -> SimRun:
     """Run ``pop`` under ``policy`` until every job completes or ``horizon_s`` (default: the population's).
 
-    ``seed`` drives the check-in times and the random policy; runs of different policies with one seed see the
-    same population. ``progress(jobs_completed)`` is called whenever a job completes."""
+    ``rules``: over-selection and round timeout (:class:`~lightrail.fl.rounds.RoundRules`, default 1.3x and no
+    timeout). ``seed`` drives the check-in times and the random policy; runs of different policies with one seed
+    see the same population. ``progress(jobs_completed)`` is called whenever a job completes. A job no client
+    may serve (under this policy) never completes and does not keep the run going."""
     started = time.perf_counter()
     policy = Policy.parse(policy, field="policy")
+    rules = RoundRules() if rules is None else rules
     horizon = float(pop.horizon_s if horizon_s is None else horizon_s)
     if not checkin_interval_s >= 0 or not math.isfinite(checkin_interval_s):
         raise ScenarioError(f"checkin_interval_s={checkin_interval_s}", field="checkin_interval_s",
@@ -180,6 +237,7 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
         elig[np.flatnonzero(has), owner[has]] = True
     else:
         elig = true_elig
+    servable = int(elig.any(axis=0).sum())
     cls_of, class_rows = _classes(elig)
     n_k = len(class_rows)
     cls = cls_of.tolist()
@@ -196,24 +254,29 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
     busy = [-1] * n_c  # job the client is bound to; -1 idle
     bind_start = [0.0] * n_c
     bind_round = [0] * n_c
+    bind_attempt = [0] * n_c
     pos = [0] * n_c
-    joined: list[dict[int, int]] = [{} for _ in range(n_c)]  # client -> {job: round it joined}
+    joined: list[dict[int, int]] = [{} for _ in range(n_c)]  # client -> {job: attempt it joined}
     parked: set[int] = set()
     wasted = 0
     pools: list[list[int]] = [[] for _ in range(n_k)]
-    # per job
+    # per job; an attempt is one try of a round (a round that times out is tried again)
     arrival = jobs.arrival_s
     arrival_l = arrival.tolist()
     demand = jobs.demand.tolist()
+    places = [rules.places(d) for d in demand]
     rounds = jobs.rounds.tolist()
     work = jobs.work.tolist()
     rounds_done = [0] * n_j
-    results = [0] * n_j
-    inflight = [0] * n_j
+    attempt = [0] * n_j
+    results = [0] * n_j  # results of the current attempt
+    inflight = [0] * n_j  # bindings of the current attempt in flight
+    used_log: list[list[int]] = [[] for _ in range(n_j)]  # log rows of the current attempt's results
     active = np.zeros(n_j, dtype=bool)
     open_np = np.zeros(n_j, dtype=bool)
     completion = np.full(n_j, np.nan)
     useful_k: list[int] = []
+    failed_rounds = 0
 
     log_c: list[int] = []
     log_j: list[int] = []
@@ -222,7 +285,8 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
     log_e: list[float] = []
     log_o: list[int] = []
 
-    # event sources: session starts / ends (sorted arrays), arrivals (sorted), finishes (heap), the check-in
+    # event sources: session starts / ends (sorted arrays), arrivals (sorted), finishes and round deadlines
+    # (heaps), the check-in
     on_order = np.argsort(pop.session_start, kind="stable")
     on_t, on_c = pop.session_start[on_order].tolist(), pop.session_client[on_order].tolist()
     on_end = pop.session_end[on_order].tolist()
@@ -231,6 +295,7 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
     n_on, n_off = len(on_t), len(off_t)
     i_on = i_off = i_arr = 0
     heap: list[tuple[float, int, int]] = []
+    deadlines: list[tuple[float, int, int]] = []  # (deadline, job, attempt)
     seq = 0
     done_jobs = 0
     events = 0
@@ -240,70 +305,100 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
     inf = math.inf
     dyn_order = policy in (Policy.SRSF, Policy.IRS)
 
+    def unpark() -> None:
+        for p in parked:
+            pl = pools[cls[p]]
+            pos[p] = len(pl)
+            pl.append(p)
+        parked.clear()
+
     def set_open(j: int) -> bool:
-        want = bool(active[j]) and demand[j] - inflight[j] - results[j] > 0
+        want = bool(active[j]) and places[j] - inflight[j] - results[j] > 0
         if want != open_np[j]:
             open_np[j] = want
-            if want and parked:  # demand opened: parked clients check in again
-                for p in parked:
-                    pl = pools[cls[p]]
-                    pos[p] = len(pl)
-                    pl.append(p)
-                parked.clear()
+            if want and parked:  # places opened: parked clients check in again
+                unpark()
             return True
         return False
 
+    def next_attempt(j: int, now: float) -> None:
+        """The job's current attempt is over (success or timeout): bindings still in flight for it are now
+        late; the next attempt opens (if the job goes on) with its own deadline."""
+        attempt[j] += 1
+        results[j] = inflight[j] = 0
+        used_log[j] = []
+        if parked:  # clients that joined the old attempt may join the new one
+            unpark()
+        if active[j]:
+            d = rules.deadline(now)
+            if d < inf:
+                heapq.heappush(deadlines, (d, j, attempt[j]))
+
     t = 0.0
     t_check = inf
-    while True:
+    while done_jobs < servable:
         t_on = on_t[i_on] if i_on < n_on else inf
         t_off = off_t[i_off] if i_off < n_off else inf
         t_arr = arrival_l[i_arr] if i_arr < n_j else inf
         t_fin = heap[0][0] if heap else inf
-        t = min(t_fin, t_off, t_arr, t_on, t_check)
+        t_dl = deadlines[0][0] if deadlines else inf
+        t = min(t_fin, t_dl, t_off, t_arr, t_on, t_check)
         if t > horizon or t == inf:
             t = horizon
             break
         events += 1
-        if t_fin == t:  # a result comes back (before a session end at the same time)
+        if t_fin == t:  # a result comes back (before a deadline or a session end at the same time)
             _, _, c = heapq.heappop(heap)
             j = busy[c]
             busy[c] = -1
             log_c.append(c), log_j.append(j), log_r.append(bind_round[c])
-            log_s.append(bind_start[c]), log_e.append(t), log_o.append(RESULT)
-            inflight[j] -= 1
-            results[j] += 1
-            if results[j] == demand[j]:
-                results[j] = 0
-                rounds_done[j] += 1
-                if rounds_done[j] == rounds[j]:
-                    active[j] = False
-                    completion[j] = t
-                    done_jobs += 1
+            log_s.append(bind_start[c]), log_e.append(t)
+            if rules.outcome(same_round=bind_attempt[c] == attempt[j], round_open=bool(active[j])) == USED:
+                log_o.append(USED)
+                used_log[j].append(len(log_o) - 1)
+                inflight[j] -= 1
+                results[j] += 1
+                if rules.complete(results[j], demand[j]):
+                    rounds_done[j] += 1
+                    if rounds_done[j] == rounds[j]:
+                        active[j] = False
+                        completion[j] = t
+                        done_jobs += 1
+                        order_dirty = True
+                        if progress:
+                            progress(done_jobs)
+                    next_attempt(j, t)
+                if dyn_order:
                     order_dirty = True
-                    if progress:
-                        progress(done_jobs)
-            if dyn_order:
-                order_dirty = True
-            open_dirty |= set_open(j)
+                open_dirty |= set_open(j)
+            else:  # its round ended meanwhile: discarded, counted
+                log_o.append(LATE)
             k = cls[c]
             pool = pools[k]
             pos[c] = len(pool)
             pool.append(c)
-            if done_jobs == n_j:
-                break
+        elif t_dl == t:  # a round's deadline
+            _, j, a = heapq.heappop(deadlines)
+            if active[j] and attempt[j] == a:  # not complete in time: it fails and runs again
+                failed_rounds += 1
+                for row in used_log[j]:
+                    log_o[row] = DISCARDED
+                next_attempt(j, t)
+                order_dirty = True
+                open_dirty |= set_open(j)
         elif t_off == t:  # a session ends
             c = off_c[i_off]
             i_off += 1
             j = busy[c]
-            if j >= 0:  # dropout: the result is lost, the demand reopens
+            if j >= 0:  # dropout: the result is lost; a place of the current attempt reopens
                 busy[c] = -1
                 log_c.append(c), log_j.append(j), log_r.append(bind_round[c])
                 log_s.append(bind_start[c]), log_e.append(t), log_o.append(LOST)
-                inflight[j] -= 1
-                if joined[c].get(j) == bind_round[c]:
-                    del joined[c][j]
-                open_dirty |= set_open(j)
+                if bind_attempt[c] == attempt[j] and active[j]:
+                    inflight[j] -= 1
+                    if joined[c].get(j) == bind_attempt[c]:
+                        del joined[c][j]
+                    open_dirty |= set_open(j)
             elif c in parked:
                 parked.discard(c)
             else:
@@ -314,10 +409,13 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
                     pool[i] = last
                     pos[last] = i
             session_end_now[c] = -1.0
-        elif t_arr == t:  # a job registers
+        elif t_arr == t:  # a job registers; its round 0 opens
             j = i_arr
             i_arr += 1
             active[j] = True
+            d = rules.deadline(t)
+            if d < inf:
+                heapq.heappush(deadlines, (d, j, attempt[j]))
             order_dirty = True
             open_dirty |= set_open(j)
         elif t_on == t:  # a session starts
@@ -354,8 +452,8 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
             mine = joined[c]
             if mine:
                 copied = False
-                for jj, rr in list(mine.items()):
-                    if rr != rounds_done[jj]:
+                for jj, aa in list(mine.items()):
+                    if aa != attempt[jj]:
                         del mine[jj]
                     elif open_np[jj]:
                         if not copied:
@@ -370,10 +468,11 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
                 parked.add(c)
                 wasted += 1
             else:
-                mine[j] = rounds_done[j]
+                mine[j] = attempt[j]
                 busy[c] = j
                 bind_start[c] = t
                 bind_round[c] = rounds_done[j]
+                bind_attempt[c] = attempt[j]
                 inflight[j] += 1
                 open_dirty |= set_open(j)
                 fin = t + work[j] / speed[c]
@@ -399,15 +498,18 @@ def simulate(pop: Population, policy: Policy | str, *, seed: int = 0, checkin_in
         else:
             t_check = inf
 
-    end_t = t if done_jobs == n_j else horizon
-    for c in range(n_c) if done_jobs < n_j else ():
+    end_t = min(t, horizon)
+    for j in np.flatnonzero(active).tolist():  # results held by a round that had not ended: not used (yet)
+        for row in used_log[j]:
+            log_o[row] = CUT
+    for c in range(n_c):  # in flight when the run stops: cut, neither a result nor a dropout
         if busy[c] >= 0:
             log_c.append(c), log_j.append(busy[c]), log_r.append(bind_round[c])
-            log_s.append(bind_start[c]), log_e.append(horizon), log_o.append(CUT)
-    makespan = end_t
-    return SimRun(policy=policy.value, horizon_s=horizon, arrival_s=np.asarray(arrival, dtype=float),
+            log_s.append(bind_start[c]), log_e.append(end_t), log_o.append(CUT)
+    return SimRun(policy=policy.value, horizon_s=horizon, end_s=end_t, arrival_s=np.asarray(arrival, dtype=float),
                   completion_s=completion, log_client=np.array(log_c, dtype=np.int64),
                   log_job=np.array(log_j, dtype=np.int64), log_round=np.array(log_r, dtype=np.int64),
                   log_start=np.array(log_s, dtype=float), log_end=np.array(log_e, dtype=float),
-                  log_outcome=np.array(log_o, dtype=np.int64), online_s=pop.online_seconds(makespan),
-                  events=events, elapsed_s=time.perf_counter() - started, idle_checkins=wasted)
+                  log_outcome=np.array(log_o, dtype=np.int64), online_s=pop.online_seconds(end_t),
+                  events=events, elapsed_s=time.perf_counter() - started, idle_checkins=wasted,
+                  failed_rounds=failed_rounds, rules=rules)
