@@ -81,24 +81,64 @@ def test_params_refuse_nonsense():
         FlParams(checkin_interval_s=-1)
 
 
-def test_trace_files(tmp_path):
+def test_trace_files_with_the_contract_flags(tmp_path):
     pop = synthetic_population(150, 3, seed=2)
     (tmp_path / "c.csv").write_text(clients_csv(pop.clients))
     (tmp_path / "j.csv").write_text(jobs_csv(pop.jobs))
     (tmp_path / "a.csv").write_text("client_id,start_s,end_s\n" +
                                     "".join(f"c{i},0,{5 * 86400}\n" for i in range(150)))
     result = run("--clients-trace", str(tmp_path / "c.csv"), "--jobs-trace", str(tmp_path / "j.csv"),
-                 "--availability-trace", str(tmp_path / "a.csv"), "--json", "--out", str(tmp_path / "o"))
+                 "--availability-trace", str(tmp_path / "a.csv"), "--over-selection", "1.3", "--round-timeout",
+                 "400s", "--horizon", "30d", "--json", "--out", str(tmp_path / "o"))
     assert result.exit_code == 0, result.output
     d = json.loads(result.output)
     assert (d["clients"], d["jobs"]) == (150, 3)
+    assert (d["over_selection"], d["round_timeout_s"], d["horizon_s"]) == (1.3, 400.0, 30 * 86400.0)
     assert "c.csv" in d["source"] and "a.csv" in d["source"]
-    assert all(d["policies"][p]["double_bookings"] == 0 for p in POLICIES)
+    for p in POLICIES:
+        row = d["policies"][p]
+        assert all(k in row for k in CONTRACT)
+        assert row["double_bookings"] == 0
+        assert row["jobs_completed"] + row["jobs_unfinished"] == 3
+        assert sum(x is None for x in row["jct_s"]) == row["jobs_unfinished"]
+    # rounds bind 1.3x their demand and end at demand results: some results come too late, somewhere
+    assert sum(d["policies"][p]["late_results"] for p in POLICIES) > 0
+
+
+def test_os_version_and_fp16_memory_in_traces(tmp_path):
+    # android13 was refused as an unknown OS; now it is android, version 13, and a job asks android>=13
+    (tmp_path / "c.csv").write_text("client_id,cpu_ghz,memory_gb,os,speed,fp16_mem\n"
+                                    "new,2,4,android13,1,900\nold,2,4,android 9,1,900\nphone,2,4,ios17.2,1,900\n"
+                                    "small,2,4,android14,1,300\n")
+    (tmp_path / "j.csv").write_text("arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work,min_fp16_mem\n"
+                                    "0,1,1,android>=13,2,1,10,800\n")
+    result = run("--clients-trace", str(tmp_path / "c.csv"), "--jobs-trace", str(tmp_path / "j.csv"),
+                 "--json", "--out", str(tmp_path / "o"))
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert all(d["policies"][p]["jobs_completed"] == 1 for p in POLICIES)
+    from lightrail.fl.population import parse_clients, parse_jobs
+
+    clients, ids = parse_clients((tmp_path / "c.csv").read_text())
+    jobs = parse_jobs((tmp_path / "j.csv").read_text())
+    from lightrail.fl.model import eligibility
+
+    assert eligibility(clients, jobs)[:, 0].tolist() == [True, False, False, False]  # only 'new' qualifies
+    assert clients.os_version.tolist() == [13, 9, 17.2, 14] and jobs.min_os_version[0, 0] == 13
+    # an exact version in a job's os column is refused, with the fix
+    (tmp_path / "bad.csv").write_text("arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work\n"
+                                      "0,1,1,android13,2,1,10\n")
+    bad = run("--clients-trace", str(tmp_path / "c.csv"), "--jobs-trace", str(tmp_path / "bad.csv"),
+              "--out", str(tmp_path / "o2"))
+    assert bad.exit_code == 2 and "--jobs-trace" in bad.output and "android>=13" in bad.output
 
 
 @pytest.mark.parametrize("args, flag", [
     (("--clients", "0"), "--clients"),
     (("--jobs", "-2"), "--jobs"),
+    (("--over-selection", "0.5"), "--over-selection"),
+    (("--round-timeout", "-4s"), "--round-timeout"),
+    (("--horizon", "soon"), "--horizon"),
 ])
 def test_bad_numbers_exit_2(tmp_path, args, flag):
     result = run(*args, "--out", str(tmp_path / "o"))

@@ -282,6 +282,23 @@ def study_te_cmd(
         print_study(result, out, files)
 
 
+def _fl_time(text: str | None, flag: str, example: str) -> float | None:
+    """A positive duration from a flag of ``study fl`` (``400s``, ``30d``); None when not given."""
+    if text is None:
+        return None
+    from lightrail.fl.population import DAY
+
+    t = text.strip().lower()
+    scale = {"d": DAY, "h": 3600.0}.get(t[-1:]) if t[-2:-1].isdigit() or t[-2:-1] == "." else None
+    try:
+        seconds = float(t[:-1]) * scale if scale else parse_time(t, field=flag)
+    except ValueError:
+        raise ScenarioError(f"cannot read {text!r}", field=flag, fix=f"a time with a unit, e.g. {example}") from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ScenarioError(f"{text!r} is not a positive time", field=flag, fix=f"a positive time, e.g. {example}")
+    return seconds
+
+
 @study_app.command("fl")
 @friendly
 def study_fl_cmd(
@@ -290,14 +307,23 @@ def study_fl_cmd(
     jobs: Annotated[int, typer.Option("--jobs", help="Collaborative-ML jobs (synthetic population).")] = 20,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the population and the check-ins.")] = 0,
     clients_trace: Annotated[Path | None, typer.Option(
-        "--clients-trace", help="CSV of clients: client_id,cpu_ghz,memory_gb,os,speed (replaces --clients).",
-        show_default=False)] = None,
+        "--clients-trace", help="CSV of clients: client_id,cpu_ghz,memory_gb,os,speed[,fp16_mem] (os may carry its "
+        "version: android13; replaces --clients).", show_default=False)] = None,
     availability_trace: Annotated[Path | None, typer.Option(
         "--availability-trace", help="CSV of online sessions: client_id,start_s,end_s (needs --clients-trace).",
         show_default=False)] = None,
     jobs_trace: Annotated[Path | None, typer.Option(
-        "--jobs-trace", help="CSV of jobs: arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work "
-        "(replaces --jobs).", show_default=False)] = None,
+        "--jobs-trace", help="CSV of jobs: arrival_s,min_cpu_ghz,min_memory_gb,os,rounds,demand,work[,min_fp16_mem] "
+        "(os e.g. android>=7|ios; replaces --jobs).", show_default=False)] = None,
+    over_selection: Annotated[float, typer.Option(
+        "--over-selection", help="Clients bound per round, a multiple of its demand (ceil; Propius, FedScale: "
+        "1.3); a round ends at demand results, later ones are late.")] = 1.3,
+    round_timeout: Annotated[str | None, typer.Option(
+        "--round-timeout", help="A round not complete this long after it opened fails and runs again, e.g. 400s "
+        "(default: none).", show_default=False)] = None,
+    horizon: Annotated[str | None, typer.Option(
+        "--horizon", help="Stop here at the latest, e.g. 30d (default: when every job is done, capped at 30d).",
+        show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV and plot.")]
     = Path("out/study-fl"),
     fmt: FigureFormat = "png",
@@ -305,7 +331,10 @@ def study_fl_cmd(
     as_json: JsonOut = False,
 ):
     """Multi-tenant scheduling of collaborative ML (Propius): edge clients checking in, jobs with client
-    requirements, under fifo, random, srsf, irs and static; utilization, bindings/s, mean JCT, double bookings."""
+    requirements, rounds with over-selection and a timeout, under fifo, random, srsf, irs and static; utilization,
+    bindings/s, mean JCT, jobs done, late results, double bookings."""
+    import dataclasses
+
     import numpy as np
 
     from lightrail.errors import ScenarioError
@@ -330,6 +359,12 @@ def study_fl_cmd(
     check_out(out_dir if writes_files(as_json, html) else None)
     check_count(clients, field="--clients", hi=MAX_CLIENTS, what="clients")
     check_count(jobs, field="--jobs", hi=MAX_JOBS, what="jobs")
+    horizon_s = _fl_time(horizon, "--horizon", "30d")
+    if not (math.isfinite(over_selection) and 1 <= over_selection <= 100):
+        raise ScenarioError(f"{over_selection:g}", field="--over-selection",
+                            fix="a multiple of demand from 1 (none) to 100, e.g. 1.3")
+    params = FlParams(clients=clients, jobs=jobs, seed=seed, horizon_s=horizon_s, over_selection=over_selection,
+                      round_timeout_s=_fl_time(round_timeout, "--round-timeout", "400s"))
     if availability_trace is not None and clients_trace is None:
         raise ScenarioError("an availability trace names clients of a clients trace", field="--availability-trace",
                             fix="give --clients-trace too")
@@ -354,9 +389,8 @@ def study_fl_cmd(
         source = ", ".join(f"{flag} {p.name}" for flag, p in (("clients", clients_trace),
                                                                 ("availability", availability_trace),
                                                                 ("jobs", jobs_trace)) if p is not None)
-        population = trace_population(cl, ids, jb, sessions, seed=seed, source=source)
-    params = FlParams(clients=len(population.clients) if population else clients,
-                      jobs=len(population.jobs) if population else jobs, seed=seed)
+        population = trace_population(cl, ids, jb, sessions, seed=seed, source=source, horizon_s=params.horizon)
+        params = dataclasses.replace(params, clients=len(population.clients), jobs=len(population.jobs))
     with progress_steps(len(POLICIES), "fl study", as_json) as step:
         result = fl_study(params, POLICIES, population=population, progress=step)
     files = write_study(result, out_dir, fmt=fmt) if writes_files(as_json, html) else []

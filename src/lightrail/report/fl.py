@@ -20,7 +20,8 @@ __all__ = ["FL_FILES", "write_study", "print_study", "summary_csv"]
 
 FL_FILES = ("study-fl.json", "study-fl.csv", "study-fl.png")
 _COLUMNS = ("utilization", "bindings_per_s", "mean_jct_s", "double_bookings", "jobs_completed", "jobs",
-            "makespan_s", "median_jct_s", "bindings", "results", "lost", "cut", "events", "elapsed_s")
+            "makespan_s", "median_jct_s", "bindings", "results", "lost", "cut", "events", "elapsed_s",
+            "late_results", "discarded_results", "failed_rounds", "jobs_unfinished", "busy_utilization")
 
 
 def summary_csv(result: FlStudy) -> str:
@@ -48,7 +49,8 @@ def _plot(result: FlStudy, path: Path) -> Path:
     axes[1].bar(names, [r.mean_jct_s / 3600 for r in rows], color="tab:orange")
     axes[1].set_ylabel("mean JCT (h)")
     for r in rows:
-        x = np.sort(np.array(r.jct_s)) / 3600
+        x = np.sort(np.array(r.jct_s, dtype=float))
+        x = x[np.isfinite(x)] / 3600  # unfinished jobs have no JCT
         axes[2].step(x, np.arange(1, x.size + 1) / max(x.size, 1), where="post", label=r.policy)
     for ax in axes[:2]:
         ax.set_xlabel("scheduling policy")
@@ -77,7 +79,7 @@ def write_study(result: FlStudy, out_dir: Path, *, fmt: str = "png") -> list[Pat
 
 
 def _hours(s: float) -> str:
-    return f"{s / 3600:.2f} h"
+    return "-" if s is None or not math.isfinite(s) else f"{s / 3600:.2f} h"
 
 
 def _x(v: float) -> str:
@@ -86,11 +88,12 @@ def _x(v: float) -> str:
 
 def print_study(result: FlStudy, console: Console, files: list[Path]) -> None:
     table = Table(title=f"FL scheduling: {result.clients} clients, {result.jobs} jobs (seed {result.seed})")
-    for col in ("policy", "util.", "bind/s", "mean JCT", "done", "makespan", "lost", "dbl"):
+    for col in ("policy", "util.", "bind/s", "mean JCT", "done", "makespan", "late", "dbl"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in result.rows():
         table.add_row(r.policy, f"{100 * r.utilization:.1f}%", f"{r.bindings_per_s:.3f}", _hours(r.mean_jct_s),
-                      f"{r.jobs_completed}/{r.jobs}", _hours(r.makespan_s), str(r.lost), str(r.double_bookings))
+                      f"{r.jobs_completed}/{r.jobs}", _hours(r.makespan_s), str(r.late_results),
+                      str(r.double_bookings))
     console.print(table)
     for key, v in result.headline().items():
         p, b = key.split("_vs_")
@@ -98,6 +101,6 @@ def print_study(result: FlStudy, console: Console, files: list[Path]) -> None:
                       f"utilization ratio {_x(v['utilization_ratio'])}", highlight=False)
     unfinished = [r.policy for r in result.rows() if r.jobs_completed < r.jobs]
     if unfinished:
-        console.print(f"not every job finished by the horizon under {', '.join(unfinished)}: those jobs count "
-                      f"at the horizon in the mean JCT", highlight=False)
+        console.print(f"not every job finished by the horizon under {', '.join(unfinished)}: the mean JCT is "
+                      f"over the finished jobs only", highlight=False)
     console.print(f"wrote {', '.join(map(str, files))}", highlight=False, soft_wrap=True)
