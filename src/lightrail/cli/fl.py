@@ -116,3 +116,69 @@ def fl_demo_cmd(
     if result["model_exact"] is False:
         err.print("[bold red]a job's final model differs from FedAvg of the updates its clients sent[/]")
         raise typer.Exit(1)
+
+
+@fl_app.command("import-propius")
+@friendly
+def fl_import_propius_cmd(
+    profiles: Annotated[Path, typer.Option("--profiles", help="Propius's job profile folder (job_<k>.yml), e.g. "
+                                           "evaluation/job/profile_mobilenet_large.")],
+    trace: Annotated[Path, typer.Option("--trace", help="Propius's job trace, e.g. "
+                                        "evaluation/job/trace/job_trace_20.txt ('<gap s> <k>' per line).")],
+    devices: Annotated[Path, typer.Option("--devices", help="Device profiles: Propius's "
+                                          "datasets/device_info/client_spec_speed (pickle, plain data only) or JSON.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for clients.csv, jobs.csv (and availability.csv).")]
+    = Path("out/propius"),
+    clients: Annotated[int, typer.Option("--clients", help="Clients drawn from the device profiles (Propius: "
+                                         "15,000).")] = 15_000,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the draw.")] = 0,
+    always_online: Annotated[str | None, typer.Option(
+        "--always-online", help="Also write availability.csv with every client online from 0 for this long, e.g. "
+        "30d (Propius's ideal_client mode).", show_default=False)] = None,
+    json_out: JsonOut = False,
+):
+    """Turn Propius's evaluation inputs (job profiles, job trace, device profiles) into `study fl` trace files, and
+    print the `study fl` command that replays them (over-selection and round timeout from the profiles)."""
+    from lightrail.cli.study import MAX_TRACE_BYTES, _fl_time
+    from lightrail.fl.propius import convert, load_devices, parse_profile, parse_trace
+    from lightrail.report.files import write_text
+    from lightrail.validation import read_bounded
+
+    check_count(clients, field="--clients", hi=MAX_CLIENTS * 10, what="clients")
+    check_out(out_dir)
+    if not profiles.is_dir():
+        raise ScenarioError(f"{profiles} is not a folder", field="--profiles", fix="the folder holding job_<k>.yml")
+    online = _fl_time(always_online, "--always-online", "30d")
+    found = {}
+    for p in sorted(profiles.glob("job_*.yml")):
+        k = p.stem.removeprefix("job_")
+        if k.isdigit():
+            found[int(k)] = parse_profile(read_bounded(p, field="--profiles", what="a job profile",
+                                                       limit=1 << 20), name=p.name)
+    if not found:
+        raise ScenarioError(f"no job_<k>.yml in {profiles}", field="--profiles", fix="Propius's profile folder")
+    arrivals = parse_trace(read_bounded(trace, field="--trace", what="a job trace", limit=1 << 20))
+    if not devices.is_file():
+        raise ScenarioError(f"{devices} is not a file", field="--devices", fix="Propius's client_spec_speed")
+    try:
+        raw = devices.read_bytes()
+    except OSError as e:
+        raise ScenarioError(f"cannot read {devices}: {e.strerror}", field="--devices", fix="an existing file") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise ScenarioError(f"{devices} is over 1 GiB", field="--devices", fix="Propius's client_spec_speed")
+    res = convert(load_devices(raw), found, arrivals, clients=clients, seed=seed, always_online_s=online)
+    files = [write_text(out_dir / "clients.csv", res["clients"]), write_text(out_dir / "jobs.csv", res["jobs"])]
+    if res["availability"] is not None:
+        files.append(write_text(out_dir / "availability.csv", res["availability"]))
+    command = (f"lightrail study fl --clients-trace {files[0]} --jobs-trace {files[1]}"
+               + (f" --availability-trace {files[2]}" if len(files) > 2 else "")
+               + f" --over-selection {res['over_selection']:g} --round-timeout {res['round_timeout_s']:g}s")
+    summary = {"files": [str(f) for f in files], "clients": res["clients_count"], "jobs": res["jobs_count"],
+               "devices": res["devices"], "over_selection": res["over_selection"],
+               "round_timeout_s": res["round_timeout_s"], "command": command}
+    if json_out:
+        print_json(summary)
+    else:
+        out.print(f"{res['clients_count']:,} clients from {res['devices']} device profiles, {res['jobs_count']} jobs; "
+                  f"wrote {', '.join(summary['files'])}", highlight=False, soft_wrap=True)
+        out.print(f"replay: {command}", highlight=False, soft_wrap=True)
