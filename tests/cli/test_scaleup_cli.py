@@ -11,7 +11,7 @@ from lightrail.cli import app
 
 runner = CliRunner()
 CONTRACT = ("acceptance", "fragmentation", "stranded_fraction", "mean_slice_bandwidth_Bps", "failure_recovery",
-            "elapsed_s")
+            "elapsed_s", "acceptance_by_size", "spare_coverage", "free_capacity_coverage")
 
 
 def run(*args: str):
@@ -81,7 +81,7 @@ def test_bad_input_exits_2_naming_the_flag_with_nothing_written(tmp_path, args, 
 
 def test_bad_trace_content_exits_2(tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("arrival_s,size,duration_s\n0,12,10\n")
+    trace.write_text("arrival_s,size,duration_s\n0,65,10\n")
     out = tmp_path / "o"
     result = run("--trace", str(trace), "--out", str(out))
     assert result.exit_code == 2 and "--trace" in result.output and "line 2" in result.output
@@ -100,3 +100,35 @@ def test_spare_servers_flag(tmp_path):
     assert recovery(2)["hit"] > 0 and recovery(0)["hit"] > 0
     bad = run("--spare-servers", "-1", "--out", str(tmp_path / "bad"))
     assert bad.exit_code == 2 and "--spare-servers" in bad.output and not (tmp_path / "bad").exists()
+
+
+def test_spare_sweep_adds_rows(tmp_path):
+    r = run("--racks", "2", "--requests", "300", "--load", "1.3", "--mtbf-hours", "300", "--spare-servers", "0,1,2,4",
+            "--json", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert [row["spare_servers"] for row in d["rows"]] == [0, 1, 2, 4]
+    for row in d["rows"]:
+        assert {"spare_servers", "spare_coverage", "free_capacity_coverage"} <= set(row)
+    assert d["rows"][0]["spare_coverage"] == 0.0 and d["rows"][-1]["spare_coverage"] > 0
+    assert d["spare_servers"] == 0 and d["photonic"]["spare_coverage"] == 0.0
+    assert all(isinstance(k, str) for k in d["electrical"]["acceptance_by_size"])
+    assert "rows" not in json.loads(run("--racks", "2", "--requests", "50", "--json").output)
+
+
+@pytest.mark.parametrize("value", ["1,1", "x", "17", "0,,-1"])
+def test_bad_spare_list_exits_2(tmp_path, value):
+    out = tmp_path / "o"
+    r = run("--spare-servers", value, "--out", str(out))
+    assert r.exit_code == 2 and "--spare-servers" in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_shaped_trace_file(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,size,duration_s,shape\n0,32,10,4x4x2\n1,12,10,2x2x3\n2,20,10,\n")
+    r = run("--racks", "1", "--trace", str(trace), "--json", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert set(d["electrical"]["acceptance_by_request"]) == {"4x4x2", "2x2x3", "20"}
+    assert d["mix"] is None

@@ -125,7 +125,7 @@ def test_default_stream_photonic_never_fragments_and_has_more_bandwidth():
     assert r.photonic.fragmentation == 0 and r.photonic.stranded_fraction == 0
     assert r.photonic.mean_slice_bandwidth_Bps == pytest.approx(450e9)
     assert r.electrical.mean_slice_bandwidth_Bps < r.photonic.mean_slice_bandwidth_Bps
-    assert [row.fabric for row in r.rows()] == list(FABRICS)
+    assert [row.fabric for row in r.fabrics()] == list(FABRICS)
     d = r.to_dict()
     for fab in FABRICS:
         for key in ("acceptance", "fragmentation", "stranded_fraction", "mean_slice_bandwidth_Bps",
@@ -137,7 +137,10 @@ def test_default_stream_photonic_never_fragments_and_has_more_bandwidth():
     ("", "header"),
     ("arrival,size,duration\n0,4,1\n", "header"),
     ("arrival_s,size,duration_s\n", "no request"),
-    ("arrival_s,size,duration_s\n0,12,1\n", "line 2"),
+    ("arrival_s,size,duration_s\n0,65,1\n", "line 2"),
+    ("arrival_s,size,duration_s,shape\n0,32,1,4x4x3\n", "line 2: shape 4x4x3 holds 48"),
+    ("arrival_s,size,duration_s,shape\n0,4,1,1x1x4\n", "line 2: request '1x1x4'"),
+    ("arrival_s,size,duration_s,shape\n0,4,1,4by1\n", "line 2"),
     ("arrival_s,size,duration_s\n0,4\n", "line 2"),
     ("arrival_s,size,duration_s\n0,4,-1\n", "line 2"),
 ])
@@ -154,8 +157,103 @@ def test_trace_is_sorted_by_arrival():
 
 @pytest.mark.parametrize(("kwargs", "field"), [({"racks": 0}, "racks"), ({"requests": 0}, "requests"),
                                                ({"load": 0}, "load"), ({"mtbf_s": -1}, "mtbf"),
-                                               ({"mix": ((12, 1.0),)}, "mix")])
+                                               ({"mix": ((65, 1.0),)}, "mix"),
+                                               ({"mix": (("2x2x3", 0.5),)}, "mix"),
+                                               ({"electrical_placement": "diagonal"}, "electrical_placement")])
 def test_bad_params_name_the_field(kwargs, field):
     with pytest.raises(ScenarioError) as e:
         ScaleupParams(**kwargs)
     assert e.value.field == field
+
+
+# ---- shaped requests, holes from repair times, the coverage split (issue 30) ---------------------------------
+SPEC = RackSpec()
+
+
+def acc(x, y, z) -> int:
+    return int(SPEC.index(x, y, z))
+
+
+def test_holes_stay_out_for_their_repair_time():
+    """Two failed servers at (0,0,0) and (2,2,2) leave no 4x4x2 box on the electrical torus (every one of the 8
+    holds a hole) but 14 free servers: refused with room there, placed by the photonic rack. After the repair
+    (100 s) the same request fits both."""
+    params = ScaleupParams(racks=1, requests=2, mtbf_s=math.inf, repair_s=100.0, time_bins=2)
+    reqs = parse_trace("arrival_s,size,duration_s,shape\n10,32,5,4x4x2\n200,32,5,4x4x2\n")
+    out = run(reqs, params, (np.array([1.0, 2.0]), np.array([acc(0, 0, 0), acc(2, 2, 2)])))
+    e, p = out["electrical"], out["photonic"]
+    assert list(e.outcome_by_request) == [1, 2]  # refused with room, then accepted after the repair
+    assert list(p.outcome_by_request) == [2, 2]
+    assert e.fragmentation == 0.5 and p.fragmentation == 0.0
+    assert e.acceptance_by_request == {"4x4x2": 0.5} and p.acceptance_by_size == {32: 1.0}
+    # holes seen by the arrivals: 2 servers out at t=10, none at t=200
+    assert [b["servers_out"] for b in e.fragmentation_over_time] == [2.0, 0.0]
+    assert [b["fragmentation"] for b in e.fragmentation_over_time] == [1.0, 0.0]
+    assert e.mean_servers_out == 1.0
+    assert e.failure_recovery.on_idle == 2 and e.failure_recovery.hit == 0
+
+
+def test_a_hole_repaired_later_is_still_a_hole_now():
+    # the same failures, repair after 1,000 s: the second request (t=200) is refused with room too
+    params = ScaleupParams(racks=1, requests=2, mtbf_s=math.inf, repair_s=1000.0)
+    reqs = parse_trace("arrival_s,size,duration_s,shape\n10,32,5,4x4x2\n200,32,5,4x4x2\n")
+    out = run(reqs, params, (np.array([1.0, 2.0]), np.array([acc(0, 0, 0), acc(2, 2, 2)])))
+    assert list(out["electrical"].outcome_by_request) == [1, 1]
+    assert list(out["photonic"].outcome_by_request) == [2, 2]
+
+
+def coverage_case(spares: int):
+    """16 one-server jobs fill a rack (job i on server i); job 2 leaves at t=37. Failures: t=20 on server 0
+    (a spare is free if any), t=30 on server 1 (nothing free), t=40 on server 3 (server 2 is free)."""
+    lines = ["arrival_s,size,duration_s"] + [f"{i},4,{35 if i == 2 else 1000}" for i in range(16)]
+    params = ScaleupParams(racks=1, requests=16, mtbf_s=math.inf, spec=RackSpec(spare_servers=spares))
+    first = [int(SPEC.server_accelerators[s][0]) for s in (0, 1, 3)]
+    return parse_trace("\n".join(lines)), params, (np.array([20.0, 30.0, 40.0]), np.array(first))
+
+
+def test_coverage_split_by_hand():
+    reqs, params, failures = coverage_case(1)
+    out = run(reqs, params, failures)
+    fp, fe = out["photonic"].failure_recovery, out["electrical"].failure_recovery
+    # photonic: server 0 from the spare, server 1 nowhere (lost), server 3 from the free torus server 2
+    assert (fp.hit, fp.spliced_from_spare, fp.spliced_from_free, fp.lost) == (3, 1, 1, 1)
+    assert (out["photonic"].spare_coverage, out["photonic"].free_capacity_coverage) == (1 / 3, 1 / 3)
+    assert fp.uncovered == pytest.approx(1 / 3)
+    # electrical: spares have no torus links; servers 0 and 1 lost, server 3's job migrates to server 2
+    assert (fe.hit, fe.migrated, fe.lost) == (3, 1, 2)
+    assert (out["electrical"].spare_coverage, out["electrical"].free_capacity_coverage) == (0.0, 1 / 3)
+
+
+def test_spare_sweep_rows(monkeypatch):
+    from lightrail.studies import scaleup as study
+
+    reqs, params, failures = coverage_case(0)
+    monkeypatch.setattr(study, "_failures", lambda *_: failures)  # hand-placed failures, through the sweep's replay
+    r = study.spare_sweep(params, [0, 1, 2], requests=reqs)
+    assert [row["spare_servers"] for row in r.rows] == [0, 1, 2]
+    # no spare: the first failure is lost too (nothing free at t=20); one spare covers it; a second spare also
+    # covers the failure at t=30
+    assert [row["spare_coverage"] for row in r.rows] == [0.0, 1 / 3, 2 / 3]
+    assert [row["free_capacity_coverage"] for row in r.rows] == [1 / 3, 1 / 3, 1 / 3]
+    assert r.spare_servers == 0 and r.photonic.spare_coverage == 0.0
+    d = r.to_dict()
+    assert set(d["rows"][0]) >= {"spare_servers", "spare_coverage", "free_capacity_coverage"}
+
+
+def test_electrical_refusals_and_contract_keys():
+    r = scaleup_study(ScaleupParams(racks=4, requests=1500, seed=2, load=1.5, mtbf_s=math.inf))
+    d = r.to_dict()
+    for fab in FABRICS:
+        for key in ("acceptance", "fragmentation", "acceptance_by_size", "spare_coverage", "free_capacity_coverage",
+                    "fragmentation_over_time", "acceptance_by_request"):
+            assert key in d[fab]
+        assert all(isinstance(k, str) for k in d[fab]["acceptance_by_size"])
+    assert "rows" not in d
+    ref = d["electrical_refusals"]
+    e, p = r.electrical.outcome_by_request, r.photonic.outcome_by_request
+    assert ref["refused"] == int((e < 2).sum()) > 0
+    assert ref["photonic_would_place"] == r.electrical.fragmented_refusals == int((e == 1).sum())
+    assert ref["placed_in_photonic_run"] == int(((e < 2) & (p == 2)).sum())
+    # the default mix asks for shapes and counts that are not powers of two, and the electrical torus fragments
+    assert {"2x2x3", "4x4x2", "6", "20"} <= set(d["electrical"]["acceptance_by_request"])
+    assert r.electrical.fragmentation > 0 and r.photonic.fragmentation == 0

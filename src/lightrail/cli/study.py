@@ -144,9 +144,11 @@ def study_scaleup_cmd(
     load: Annotated[float, typer.Option("--load", help="Offered load, a fraction of the accelerators.")] = 0.9,
     mtbf_hours: Annotated[float, typer.Option("--mtbf-hours", help="Mean time between failures of one "
                                               "accelerator, hours (inf: no failures).")] = 50_000.0,
-    spare_servers: Annotated[int, typer.Option("--spare-servers", help="Spare servers per rack, outside the torus "
-                                               "(Morphlux: 2 per 64 accelerators).")] = 2,
-    trace: Annotated[Path | None, typer.Option("--trace", help="CSV of requests: arrival_s,size,duration_s.",
+    spare_servers: Annotated[str, typer.Option("--spare-servers", help="Spare servers per rack, outside the torus "
+                                               "(Morphlux: 2 per 64 accelerators); a list such as 0,1,2,4 "
+                                               "sweeps them and adds rows.")] = "2",
+    trace: Annotated[Path | None, typer.Option("--trace", help="CSV of requests: arrival_s,size,duration_s[,shape] "
+                                               "(shape like 4x4x2), or Alibaba's openb_pod_list CSV.",
                                                show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the study's JSON, CSV summary and plot.")]
     = Path("out/study-scaleup"),
@@ -154,12 +156,15 @@ def study_scaleup_cmd(
     html: HtmlOut = False,
     as_json: JsonOut = False,
 ):
-    """Slices on scale-up racks: contiguous TPU-style blocks on an electrical torus against any free servers
-    joined by photonic circuits; acceptance, fragmentation, bandwidth, AllReduce time and failure recovery."""
+    """Slices on scale-up racks: contiguous sub-torus boxes on an electrical torus against any free servers
+    joined by photonic circuits, for counts and torus shapes; acceptance, fragmentation over time, bandwidth,
+    AllReduce time, failure recovery and how much of it spares cover."""
+    from dataclasses import replace
+
     from lightrail.errors import ScenarioError
     from lightrail.fabric.scaleup import RackSpec
     from lightrail.report.scaleup import print_study, write_study
-    from lightrail.studies.scaleup import ScaleupParams, parse_trace, scaleup_study
+    from lightrail.studies.scaleup import ScaleupParams, parse_trace, spare_sweep
     from lightrail.validation import read_bounded
 
     fmt = figure_suffix(fmt)
@@ -171,7 +176,7 @@ def study_scaleup_cmd(
     if not 1e-6 <= load <= 100:  # a vanishing load divides the arrival rate by zero
         raise ScenarioError(f"load {load}", field="--load",
                             fix="a fraction of the accelerators in [1e-06, 100], e.g. 0.9")
-    check_count(spare_servers, field="--spare-servers", lo=0, hi=64, what="spare servers per rack")
+    spares = _spare_list(spare_servers, RackSpec())
     requests_given = None
     if trace is not None:
         text = read_bounded(trace, field="--trace", what="a CSV file with the header arrival_s,size,duration_s",
@@ -180,24 +185,49 @@ def study_scaleup_cmd(
         requests = len(requests_given)
     check_count(requests, field="--trace" if trace is not None else "--requests", hi=MAX_REQUESTS,
                 what="requests")
-    if racks * requests > MAX_SCALEUP_WORK:
-        raise ScenarioError(f"{racks:,} racks x {requests:,} requests is over the bound of {MAX_SCALEUP_WORK:,} "
-                            "(each request scans the racks)", field="--requests",
-                            fix=f"use at most {MAX_SCALEUP_WORK // racks:,} requests on {racks:,} racks")
+    if racks * requests * len(spares) > MAX_SCALEUP_WORK:
+        raise ScenarioError(f"{racks:,} racks x {requests:,} requests x {len(spares)} spare counts is over the bound "
+                            f"of {MAX_SCALEUP_WORK:,} (each request scans the racks)", field="--requests",
+                            fix=f"use at most {MAX_SCALEUP_WORK // (racks * len(spares)):,} requests on {racks:,} "
+                            "racks")
     params = ScaleupParams(racks=racks, requests=requests, seed=seed, load=load, mtbf_s=mtbf_hours * 3600.0,
-                           spec=RackSpec(spare_servers=spare_servers))
-    progress, task = progress_bar(2 * params.requests, "scale-up study", as_json)
+                           spec=RackSpec(spare_servers=spares[0]))
+    phases: dict[str, int] = {}
+    progress, task = progress_bar((1 + len(spares)) * params.requests, "scale-up study", as_json)
+
+    def advance(phase: str, done: int) -> None:
+        phases[phase] = done
+        progress.update(task, completed=sum(phases.values()), description=f"scale-up: {phase}")
+
     with progress:
-        result = scaleup_study(params, requests=requests_given, trace=str(trace) if trace else None,
-                               progress=lambda fab, done: progress.update(
-                                   task, completed=done + (params.requests if fab == "photonic" else 0),
-                                   description=f"scale-up: {fab}"))
+        result = spare_sweep(params, spares, requests=requests_given, trace=str(trace) if trace else None,
+                             progress=advance)
+    if len(spares) == 1:
+        result = replace(result, rows=None)  # one value is a run, not a sweep
     files = write_study(result, out_dir, fmt=fmt) if writes_files(as_json, html) else []
     html_report(out_dir if files else None, html, quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
         print_study(result, out, files)
+
+
+def _spare_list(text: str, spec) -> list[int]:
+    """``--spare-servers``: one count or a comma-separated list, each 0..(32 - torus servers), no repeats."""
+    from lightrail.errors import ScenarioError
+
+    hi = 32 - spec.servers  # a rack's servers are one 32-bit mask (fabric/scaleup.py)
+    fix = f"whole numbers in 0..{hi}, e.g. 2 or 0,1,2,4"
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ScenarioError(f"cannot read {text!r}", field="--spare-servers", fix=fix) from None
+    if not values or len(set(values)) != len(values):
+        raise ScenarioError(f"{text!r}", field="--spare-servers", fix=fix + ", each once")
+    for v in values:
+        check_count(v, field="--spare-servers", lo=0, hi=hi, what="spare servers per rack")
+    check_count(len(values), field="--spare-servers", hi=MAX_SWEEP_POINTS, what="values")
+    return values
 
 
 @study_app.command("te")
