@@ -257,3 +257,31 @@ def test_electrical_refusals_and_contract_keys():
     # the default mix asks for shapes and counts that are not powers of two, and the electrical torus fragments
     assert {"2x2x3", "4x4x2", "6", "20"} <= set(d["electrical"]["acceptance_by_request"])
     assert r.electrical.fragmentation > 0 and r.photonic.fragmentation == 0
+
+
+def test_alibaba_pod_trace_sample_reads_as_published():
+    """The committed real sample (tests/data, provenance in its header): each pod with GPUs is a request of num_gpu
+    accelerators at creation_time for deletion - creation seconds; CPU pods are left out."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "alibaba_openb_pods_sample.csv"
+    text = path.read_text()
+    assert "alibaba/clusterdata, commit 7a6c496e4f4b6ce6150be8f881cb051bf2abff42" in text
+    rows = list(csv.DictReader(ln for ln in text.splitlines() if not ln.startswith("#")))
+    gpu = [r for r in rows if int(r["num_gpu"]) > 0 and int(r["deletion_time"]) > int(r["creation_time"])]
+    reqs = parse_trace(text)
+    assert len(rows) == 2000 and len(reqs) == len(gpu)
+    assert sorted(reqs.size.tolist()) == sorted(int(r["num_gpu"]) for r in gpu)
+    assert reqs.duration_s.sum() == sum(int(r["deletion_time"]) - int(r["creation_time"]) for r in gpu)
+    assert (np.diff(reqs.arrival_s) >= 0).all() and not reqs.shape.any()
+    out = run(reqs, ScaleupParams(racks=1, requests=len(reqs), mtbf_s=math.inf))
+    assert set(out["electrical"].acceptance_by_size) == {1, 2, 8}
+
+
+def test_failure_of_a_one_accelerator_job():
+    # a pod on one GPU (the Alibaba trace is mostly these) has no AllReduce to slow down
+    out, _ = one_job(1)
+    fe, fp = out["electrical"].failure_recovery, out["photonic"].failure_recovery
+    assert (fe.migrated, fp.spliced_from_spare) == (1, 1)
+    assert math.isnan(fe.mean_allreduce_slowdown) and math.isnan(fp.mean_allreduce_slowdown)

@@ -333,7 +333,7 @@ class _Run:
         after = racks.ports(target[1], shape)
         self.tally.after_bw.append(after * self.spec.link_bandwidth)
         self.tally.after_ratio.append(after / before if before else 1.0)
-        if math.isfinite(t_before):
+        if math.isfinite(t_before) and t_before > 0:  # a one-accelerator job has no AllReduce
             kept = min(size, bin(target[1]).count("1") * per)  # a degraded slice runs on what is left
             self.tally.after_slow.append(self.allreduce(kept, after) / t_before)
 
