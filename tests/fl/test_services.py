@@ -66,8 +66,9 @@ def test_serve_binds_in_policy_order_survives_a_killed_manager_and_stops_clean(s
     lb = url("load_balancer")
     with httpx.Client(timeout=10) as h:
         # the big job arrives first (fifo would serve it first); srsf serves the small one first
-        big = h.post(url("job_manager") + "/jobs", json={"rounds": 3, "demand": 3}).json()["job"]
-        small = h.post(url("job_manager") + "/jobs", json={"rounds": 1, "demand": 3,
+        # (no over-selection: a round's places are its demand, as the counts below assume)
+        big = h.post(url("job_manager") + "/jobs", json={"rounds": 3, "demand": 3, "over_selection": 1}).json()["job"]
+        small = h.post(url("job_manager") + "/jobs", json={"rounds": 1, "demand": 3, "over_selection": 1,
                                                            "requirements": {"os": ["android", "ios"]}}).json()["job"]
         order = h.post(url("scheduler") + "/schedule").json()
         assert order["jobs"] == [small, big] and order["policy"] == "srsf"
@@ -140,3 +141,15 @@ def test_demo_json_reports_no_double_booking_and_all_jobs_done():
     assert out["double_bookings"] == 0 and out["all_jobs_completed"]
     assert out["bindings"] > 0 and out["bindings_per_s"] > 0 and out["supervisor_exit"] == 0
     assert out["rounds_completed"] == sum(j["rounds"] for j in out["per_job"])
+
+
+@pytest.mark.slow
+def test_demo_without_leaves_over_selects_and_counts_late_results():
+    """The real services run rounds as the simulator does: 1.3x demand bound, a round ends at demand results."""
+    r = subprocess.run([sys.executable, "-m", "lightrail.cli", "fl", "demo", "--clients", "200", "--jobs", "3",
+                        "--leaves", "0", "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["over_selection"] == 1.3 and out["double_bookings"] == 0 and out["all_jobs_completed"]
+    assert out["results"] == sum(j["rounds"] * j["demand"] for j in out["per_job"])  # exactly demand per round
+    assert out["bindings"] > out["results"] >= out["late_results"] >= 0  # extra places were bound

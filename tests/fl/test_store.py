@@ -19,9 +19,11 @@ from lightrail.fl.services.client_manager import Checkin, checkin
 ALL_OS = 0b1111
 
 
-def _job(conn, rounds=1, demand=25, auto=True, **req):
+def _job(conn, rounds=1, demand=25, auto=True, over_selection=1.0, round_timeout_s=None, **req):
+    """A job; without over-selection unless asked, so a round's places are its demand."""
     return store.register_job(conn, min_cpu_ghz=req.get("cpu", 0.0), min_memory_gb=req.get("mem", 0.0),
-                              os_mask=req.get("os_mask", ALL_OS), rounds=rounds, demand=demand, auto_rounds=auto)
+                              os_mask=req.get("os_mask", ALL_OS), rounds=rounds, demand=demand, auto_rounds=auto,
+                              over_selection=over_selection, round_timeout_s=round_timeout_s)
 
 
 def _run_threads(n, target):
@@ -189,3 +191,37 @@ def test_static_partition_respects_eligibility(db):
     slow = checkin(db, Checkin(client_id="slow", cpu_ghz=2.0, memory_gb=4.0, os="ios"), manager="t")
     fast = checkin(db, Checkin(client_id="fast", cpu_ghz=3.5, memory_gb=4.0, os="ios"), manager="t")
     assert slow["job"] == easy and fast["job"] == picky
+
+
+def test_over_selection_late_results_and_timeouts_as_the_simulator_runs_them(db):
+    """RoundRules in the database: demand 2 binds 3 places; the round ends at the 2nd result, the 3rd client's
+    result is late (counted, discarded); a round past its timeout fails, releases its clients and opens again."""
+    import time
+
+    j = _job(db, rounds=2, demand=2, over_selection=1.3)
+    for c in ("a", "b", "c"):
+        store.upsert_client(db, c, 2.0, 4.0, 0)
+        assert store.bind(db, c, j, 0) == "bound"
+    store.upsert_client(db, "d", 2.0, 4.0, 0)
+    assert store.bind(db, "d", j, 0) == "full"  # 3 places, all taken
+    assert store.complete(db, "a", j, 0)["round_ended"] is False
+    assert store.complete(db, "b", j, 0)["round_ended"] is True  # demand results: the round ends, c is out
+    late = store.complete(db, "c", j, 0)
+    assert late["late"] is True and late["late_results"] == 1
+    assert db.execute("SELECT results, late FROM job_rounds WHERE job = %s AND round = 0", (j,)).fetchone() == (2, 1)
+    assert store.complete(db, "c", j, 0) is None  # counted once
+    assert store.bind(db, "c", j, 1) == "bound"  # free again, for round 1
+    # timeout: round 0 of a second job fails after 0.2 s; its result is discarded, its straggler late
+    k = _job(db, rounds=1, demand=2, round_timeout_s=0.2)
+    assert store.bind(db, "d", k, 0) == "bound"
+    store.upsert_client(db, "e", 2.0, 4.0, 0)
+    assert store.bind(db, "e", k, 0) == "bound"
+    assert store.complete(db, "d", k, 0)["late"] is False
+    assert store.expire_rounds(db) == []
+    time.sleep(0.25)
+    assert store.expire_rounds(db) == [{"job": k, "round": 0}]
+    assert db.execute("SELECT bound, results, failed, ended_at FROM job_rounds WHERE job = %s", (k,)).fetchone() == \
+        (0, 0, 1, None)
+    assert store.complete(db, "e", k, 0)["late"] is True
+    assert store.bind(db, "d", k, 0) == "bound"  # the retried round takes clients again
+    assert store.double_bookings(db)["total"] == 0

@@ -83,6 +83,12 @@ def fl_demo_cmd(
     kill_leaf_at_round: Annotated[int | None, typer.Option(
         "--kill-leaf-at-round", help="SIGKILL leaf 0 once it acknowledged a result of this round (0-based); the "
         "supervisor replaces it and the demo carries on.")] = None,
+    over_selection: Annotated[float | None, typer.Option(
+        "--over-selection", help="Clients bound per round, a multiple of demand (default: 1.3 with --leaves 0, "
+        "else 1: the leaves would aggregate late updates).", show_default=False)] = None,
+    round_timeout: Annotated[str | None, typer.Option(
+        "--round-timeout", help="A round not complete this long after it opened fails and runs again, e.g. 5s.",
+        show_default=False)] = None,
     json_out: JsonOut = False,
 ):
     """Start the control plane and parameter servers, emulate clients checking in through the load balancer and
@@ -101,9 +107,15 @@ def fl_demo_cmd(
     if not 0 <= time_scale <= MAX_TIME_SCALE:
         raise ScenarioError(f"{time_scale}", field="--time-scale",
                             fix=f"use 0 (instant) up to {MAX_TIME_SCALE:g} (a client's work then takes seconds)")
+    from lightrail.cli.study import _fl_time
+
+    if over_selection is not None and not 1 <= over_selection <= 100:
+        raise ScenarioError(f"{over_selection:g}", field="--over-selection",
+                            fix="a multiple of demand from 1 (none) to 100, e.g. 1.3")
     result = demo(clients=clients, jobs=jobs, policy=policy, seed=seed, rounds=rounds,
                   client_managers=client_managers, concurrency=concurrency, time_scale=time_scale, leaves=leaves,
-                  model_dim=model_dim, kill_leaf_at_round=kill_leaf_at_round)
+                  model_dim=model_dim, kill_leaf_at_round=kill_leaf_at_round, over_selection=over_selection,
+                  round_timeout_s=_fl_time(round_timeout, "--round-timeout", "5s"))
     if json_out:
         print_json(result)
     else:

@@ -57,6 +57,7 @@ from pathlib import Path
 
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.fl.policies import Policy
+from lightrail.fl.rounds import DEFAULT_OVER_SELECTION, RoundRules
 
 __all__ = ["Supervisor", "PARAM_SERVER", "main"]
 
@@ -398,11 +399,10 @@ def demo_population(clients: int, jobs: int, seed: int, rounds: int):
     can = eligibility(cl, jb).sum(axis=0)
     demand = np.maximum(1, np.minimum(jb.demand, np.maximum(can // 5, 1)))
     jb = Jobs(jb.min_cpu_ghz, jb.min_memory_gb, jb.os_mask, np.minimum(jb.rounds, rounds), demand, jb.work,
-              jb.arrival_s)
+              jb.arrival_s, jb.min_os_version, jb.min_fp16_mem)
     keep = can > 0
     if not keep.all():  # a job no client can serve would never finish
-        jb = Jobs(*(getattr(jb, f)[keep] for f in ("min_cpu_ghz", "min_memory_gb", "os_mask", "rounds", "demand",
-                                                     "work", "arrival_s")))
+        jb = jb.select(keep)
     return cl, jb
 
 
@@ -620,22 +620,28 @@ class DataPlane:
 
 
 async def emulate(info: dict, clients, jobs, *, concurrency: int = 50, time_scale: float = 0.0001,
-                  timeout: float = 120.0, on_bound=None, data_plane: dict | None = None) -> dict:
+                  timeout: float = 120.0, on_bound=None, data_plane: dict | None = None,
+                  rules: RoundRules | None = None) -> dict:
     """Register ``jobs`` with the job manager and run ``clients`` against the load balancer until every job is
     done: each client checks in, a bound one "trains" for work / speed x ``time_scale`` seconds and posts its
     result; an unbound one checks in again a little later. Counts and wall-clock times.
 
     ``data_plane`` (keyword arguments of :class:`DataPlane`, e.g. ``{"dim": 64, "seed": 0}``; needs parameter
     servers in ``info``): the training is real federated rounds through the leaves, see :class:`DataPlane`;
-    the result's ``"data_plane"`` is its report."""
+    the result's ``"data_plane"`` is its report. ``rules``: the jobs' over-selection and round timeout
+    (:class:`~lightrail.fl.rounds.RoundRules`; the control plane applies them, see :mod:`lightrail.fl.store`); a
+    result the control plane calls late is counted in ``late_results``."""
     import httpx
 
+    rules = RoundRules() if rules is None else rules
     jm, lb = f"http://{HOST}:{info['job_manager']}", f"http://{HOST}:{info['load_balancer']}"
     async with httpx.AsyncClient(timeout=30.0, limits=httpx.Limits(max_connections=concurrency + 10)) as http:
         ids = []
         for j in range(len(jobs)):
             r = await http.post(f"{jm}/jobs", json={"requirements": jobs.requirements(j), "rounds": int(jobs.rounds[j]),
-                                                    "demand": int(jobs.demand[j]), "work": float(jobs.work[j])})
+                                                    "demand": int(jobs.demand[j]), "work": float(jobs.work[j]),
+                                                    "over_selection": rules.over_selection,
+                                                    "round_timeout_s": rules.round_timeout_s})
             r.raise_for_status()
             ids.append(r.json()["job"])
         dp = None
@@ -648,7 +654,7 @@ async def emulate(info: dict, clients, jobs, *, concurrency: int = 50, time_scal
         queue: asyncio.Queue = asyncio.Queue()
         for c in range(len(clients)):
             queue.put_nowait(c)
-        stats = {"checkins": 0, "bindings": 0, "results": 0, "empty": 0, "errors": 0}
+        stats = {"checkins": 0, "bindings": 0, "results": 0, "late_results": 0, "empty": 0, "errors": 0}
         done = asyncio.Event()
 
         async def worker():
@@ -682,7 +688,7 @@ async def emulate(info: dict, clients, jobs, *, concurrency: int = 50, time_scal
                     r = await http.post(f"{lb}/result", json={"client_id": f"c{c}", "job": got["job"],
                                                                "round": got["round"]})
                     if r.status_code == 200:
-                        stats["results"] += 1
+                        stats["late_results" if r.json().get("late") else "results"] += 1
                         if dp is not None and r.json().get("round_ended"):
                             dp.round_ended(int(got["job"]), int(got["round"]))
                     else:
@@ -734,11 +740,17 @@ async def emulate(info: dict, clients, jobs, *, concurrency: int = 50, time_scal
 def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 0, rounds: int = 3,
          client_managers: int = 2, concurrency: int = 50, timeout: float = 120.0, time_scale: float = 0.0001,
          leaves: int = 2, model_dim: int = 64, kill_leaf_at_round: int | None = None,
+         over_selection: float | None = None, round_timeout_s: float | None = None,
          stderr=subprocess.DEVNULL) -> dict:
     """Start the control plane and the parameter servers (a ``fl serve`` subprocess with ``leaves`` leaves), run
     the emulated clients (real federated rounds through the leaves when ``leaves`` > 0, see :class:`DataPlane`),
     report, stop everything. ``kill_leaf_at_round`` R: SIGKILL leaf 0 once it acknowledged a result of round
     >= R; the supervisor replaces it and the clients carry on against the replacement.
+
+    Rounds run by :class:`~lightrail.fl.rounds.RoundRules` (``over_selection``, ``round_timeout_s``), as in the
+    simulator. ``over_selection`` defaults to 1.3 without leaves and to 1 with leaves: the data plane aggregates
+    every update a leaf acknowledges, and a client uploads before the control plane could call its result late,
+    so an over-selected round would fold late updates into the model (not built: upload after the verdict).
 
     Data-plane keys of the result (when ``leaves`` > 0): ``model_downloads_root`` (model bodies the root sent),
     ``model_requests_clients`` (model requests the leaves answered, summed over the leaves alive at the end),
@@ -759,6 +771,8 @@ def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 
     if kill_leaf_at_round is not None and (leaves < 1 or kill_leaf_at_round < 0):
         raise ScenarioError(f"round {kill_leaf_at_round} with {leaves} leaves", field="--kill-leaf-at-round",
                             fix="use a round >= 0 and --leaves 1 or more")
+    rules = RoundRules(over_selection=over_selection if over_selection is not None else
+                       (1.0 if leaves > 0 else DEFAULT_OVER_SELECTION), round_timeout_s=round_timeout_s)
     cl, jb = demo_population(clients, jobs, seed, rounds)
     t0 = time.perf_counter()
     proc, info = start_subprocess(policy=pol.value, client_managers=client_managers, leaves=leaves, seed=seed,
@@ -767,7 +781,7 @@ def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 
     plane = {"dim": model_dim, "seed": seed, "kill_leaf_at_round": kill_leaf_at_round} if leaves > 0 else None
     try:
         run = asyncio.run(emulate(info, cl, jb, concurrency=concurrency, timeout=timeout, time_scale=time_scale,
-                                  data_plane=plane))
+                                  data_plane=plane, rules=rules))
         with store.connect(info["db"]) as c:
             db_bindings = c.execute("SELECT count(*) FROM bindings").fetchone()[0]
             db_rounds = c.execute("SELECT count(*) FROM job_rounds WHERE ended_at IS NOT NULL").fetchone()[0]
@@ -783,7 +797,9 @@ def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 
             "wall_s": run["wall_s"], "bindings": db_bindings,
             "bindings_per_s": round(db_bindings / run["wall_s"], 1) if run["wall_s"] > 0 else 0.0,
             "checkins": run["checkins"], "checkins_per_s": round(run["checkins"] / run["wall_s"], 1),
-            "results": run["results"], "empty_checkins": run["empty"], "errors": run["errors"],
+            "results": run["results"], "late_results": run["late_results"],
+            "over_selection": rules.over_selection, "round_timeout_s": rules.round_timeout_s,
+            "empty_checkins": run["empty"], "errors": run["errors"],
             "rounds_completed": db_rounds, "all_jobs_completed": all(j["done"] for j in run["jobs"]),
             "double_bookings": bad["total"], "double_booking_checks": bad, "per_job": run["jobs"],
             "client_managers": client_managers, "concurrency": concurrency, "supervisor_exit": proc.returncode,

