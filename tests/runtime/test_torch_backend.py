@@ -28,6 +28,7 @@ from lightrail.studies.photonic_demo import (  # noqa: E402
     PhotonicDemoResult,
     Prediction,
     demo_plan,
+    grant_waits,
     run_photonic_demo,
 )
 from lightrail.studies.train_demo import DemoConfig  # noqa: E402
@@ -106,6 +107,10 @@ def test_training_on_emulated_photonic_rails_gives_identical_losses(tmp_path):
     assert 0 < result["controller_requests_per_iteration"] < 12
     assert result["predicted_overhead_s"] == result["predicted"]["overhead_s"]
     assert result["predicted"]["schedule"] == "gpipe" and result["predicted"]["peak_tflops"] > 0
+    # the ranks' op timelines: each stage waited for grants of its pipeline and its DP groups
+    assert {stage: sorted(phases) for stage, phases in result["grant_wait_s"].items()} == {"0": ["dp", "pp"],
+                                                                                        "1": ["dp", "pp"]}
+    assert all(w >= 0 for phases in result["grant_wait_s"].values() for w in phases.values())
     state = json.loads((tmp_path / "controller.log").read_text().splitlines()[0])
     assert state["event"] == "ready"
 
@@ -193,6 +198,27 @@ def test_registering_again_binds_new_groups_to_the_new_agent():
         second.close()
 
 
+def test_grant_waits_split_a_ranks_timeline_by_stage_phase_and_step():
+    """Hand-built timelines of two ranks of stage 0 and one of stage 1: the waits (granted - start) of ops on the
+    rails add up per step and phase, in-server ops and skipped steps do not count, the stage's ranks are averaged."""
+    def rank(stage, starts, ops):
+        return {"stage": stage, "step_start_s": starts, "timeline": ops}
+
+    a = rank(0, [0.0, 1.0, 2.0], [("pp:0<->4", True, 0.1, 0.5, 0.6),  # step 0: skipped
+                                  ("pp:0<->4", True, 1.1, 1.103, 1.2), ("pp:0<->4", True, 1.3, 1.301, 1.4),
+                                  ("tp:0,1", False, 1.5, 1.9, 1.95), ("dp:0,2", True, 1.6, 1.61, 1.7),
+                                  ("pp:0<->4", True, 2.1, 2.105, 2.2), ("dp:0,2", True, 2.6, 2.63, 2.7)])
+    b = rank(0, [0.0, 1.0, 2.0], [("pp:2<->6", True, 1.1, 1.101, 1.2), ("dp:0,2", True, 1.6, 1.63, 1.7),
+                                  ("pp:2<->6", True, 2.1, 2.101, 2.2), ("dp:0,2", True, 2.6, 2.61, 2.7)])
+    c = rank(1, [0.0, 1.0, 2.0], [("pp:0<->4", True, 1.0, 1.05, 1.2), ("pp:0<->4", True, 2.0, 2.07, 2.2)])
+    waits = grant_waits([a, b, c], skip={0})
+    # stage 0, pp: steps 1 and 2 are (0.004 + 0.001) / 2 and (0.005 + 0.001) / 2; dp: (0.01 + 0.03) / 2 twice
+    assert waits["0"]["pp"] == pytest.approx((0.0025 + 0.003) / 2)
+    assert waits["0"]["dp"] == pytest.approx(0.02)
+    assert waits["1"] == {"pp": pytest.approx(0.06)}
+    assert "tp" not in waits["0"]
+
+
 # --- train-demo: flags, old spellings, the JSON ---------------------------------------------------------------
 
 JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "ocs_delay_s", "mode", "leases",
@@ -202,7 +228,8 @@ JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "oc
              "request_latency_p50_s", "request_latency_p99_s", "acquire_wait_p99_s", "unsafe_reconfigurations",
              "losses_identical", "losses", "lightrail_losses", "gloo_iteration_series_s",
              "lightrail_iteration_series_s", "measurement", "predicted", "controller_startup_s", "controller_restarts",
-             "spares", "recovery", "wrapper_overhead_s", "fabric_overhead_s", "fabric_model_to_measured_ratio"]
+             "spares", "recovery", "wrapper_overhead_s", "fabric_overhead_s", "fabric_model_to_measured_ratio",
+             "grant_wait_s"]
 """train-demo.json's keys, in order: as before the result was typed, then the wrapper's share (issue 29)."""
 
 

@@ -78,6 +78,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -217,6 +218,9 @@ class Agent:
         self.under_lease = 0  # of which ran under a lease (no request)
         self.revokes = 0
         self.wait_s = 0.0
+        self.timeline: deque[tuple[str, bool, float, float, float]] = deque(maxlen=TIMELINE)
+        """The last ops: (group key, on the rails, start, granted, end), ``time.perf_counter`` seconds."""
+        self._granted = 0.0
 
     def connect(self, rank: int) -> bool:
         """The process's first group (the default one) names its rank: say hello to the controller.
@@ -343,6 +347,12 @@ class Agent:
         return self.serving[key]
 
     def run_op(self, key: str, members, circuits, call) -> None:
+        """Run ``call`` (the wrapped op) holding ``circuits``; record it in :attr:`timeline`."""
+        start = self._granted = time.perf_counter()
+        self._run_op(key, members, circuits, call)
+        self.timeline.append((key, bool(circuits), start, self._granted, time.perf_counter()))
+
+    def _run_op(self, key: str, members, circuits, call) -> None:
         client = self.client
         if client is None or not circuits:
             call().wait()
@@ -367,6 +377,7 @@ class Agent:
         leased = self.leased(key)
         if leased and client.enter(key):
             self.under_lease += 1
+            self._granted = time.perf_counter()
             call().wait()
             self._settle()
             client.leave(key)
@@ -374,7 +385,8 @@ class Agent:
             return
         start = time.perf_counter()
         reply = client.acquire(key, lease=leased)
-        self.wait_s += time.perf_counter() - start
+        self._granted = time.perf_counter()
+        self.wait_s += self._granted - start
         call().wait()
         self._settle()
         if "lease" in reply:
@@ -442,6 +454,17 @@ def _forget_holds(client: ControllerClient) -> None:
     """The controller reset the job's groups at the failover (no holders, no lease): the client's leases and
     holds of them are void, and errors of requests sent before it are stale."""
     client.forget_holds()
+
+
+TIMELINE = 16384
+"""Ops an :class:`Agent` remembers in its timeline (the train-demo reads a few hundred per rank)."""
+
+_AGENTS: dict[str, Agent] = {}
+
+
+def registered(name: str) -> Agent | None:
+    """The agent behind backend ``name`` in this process (see :func:`register`), or None (gloo, NCCL)."""
+    return _AGENTS.get(name)
 
 
 def idle_stats() -> dict:
@@ -564,4 +587,5 @@ def register(agent: Agent, name: str = "lightrail") -> Agent:
     name gives a second backend in the same process (the train-demo's controller-less replica)."""
     dist.Backend.register_backend(name, functools.partial(LightrailProcessGroup, agent), extended_api=True,
                                   devices=["cpu", "cuda"])
+    _AGENTS[name] = agent
     return agent

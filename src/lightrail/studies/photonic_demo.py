@@ -9,6 +9,7 @@ an NVLink server, and DP / PP cross the rails).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import multiprocessing
@@ -414,6 +415,9 @@ class PhotonicDemoResult:
     predicts."""
     fabric_model_to_measured_ratio: float | None = None
     """``fabric_overhead_s`` over the predicted overhead."""
+    grant_wait_s: Mapping[str, Mapping[str, float]] | None = None
+    """Per pipeline stage (``"0"``, ``"1"``, ...) and phase (``pp``, ``dp``, ...), the time a rank waits for its
+    groups' grants per iteration (:func:`grant_waits`): where the fabric's overhead shows."""
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -581,7 +585,37 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
         fabric_overhead_s=None if wrapper is None else measured_overhead - wrapper,
         fabric_model_to_measured_ratio=None if wrapper is None or predicted.overhead_s <= 0 else
         (measured_overhead - wrapper) / predicted.overhead_s,
+        grant_wait_s=None if bare is None else grant_waits(photonic.ranks, set(range(0, config.steps, _BLOCK))),
     )
+
+
+def grant_waits(ranks: Sequence[dict], skip: set[int]) -> dict[str, dict[str, float]]:
+    """Per pipeline stage and phase, the seconds a rank waits for its groups' grants in an iteration, from the ranks'
+    op timelines (``train_worker``'s ``timeline``, ``step_start_s``): the median over the steps not in ``skip`` of
+    the mean over the stage's ranks.
+
+    An acquire is its group's barrier, so the wait includes waiting for the group's other members (what gloo waits
+    inside the op, a receive for its send): compare stages, and phases, with the model's, not their sum with the
+    overhead. The stage that starts and ends the iteration (the first, under GPipe) is where a switch that compute
+    did not hide shows."""
+    per: dict[str, dict[str, list[list[float]]]] = {}  # stage -> phase -> per rank, per step
+    for result in ranks:
+        starts = result.get("step_start_s") or []
+        waits: dict[str, list[float]] = {}
+        for key, rails, start, granted, _ in result.get("timeline") or []:
+            step = bisect.bisect_right(starts, start) - 1
+            if rails and step >= 0:
+                waits.setdefault(key.split(":")[0], [0.0] * len(starts))[step] += granted - start
+        for phase, series in waits.items():
+            per.setdefault(str(result["stage"]), {}).setdefault(phase, []).append(series)
+
+    def typical(series: list[list[float]]) -> float:
+        steps = range(len(series[0]))
+        kept = [k for k in steps if k not in skip] or list(steps)
+        return statistics.median(statistics.fmean(rank[k] for rank in series) for k in kept)
+
+    return {stage: {phase: typical(series) for phase, series in sorted(phases.items())}
+            for stage, phases in sorted(per.items())}
 
 
 def _failure(config: DemoConfig, spares: int, rank: int | None, step: int | None) -> Failure | None:

@@ -44,7 +44,7 @@ from torch import nn
 
 from lightrail.errors import InfeasibleError, LightrailError, ScenarioError
 from lightrail.runtime.launch import Elastic, Notice, run_elastic, run_processes
-from lightrail.runtime.torch_backend import Agent, idle_stats
+from lightrail.runtime.torch_backend import Agent, idle_stats, registered
 from lightrail.workload.parallel import Dim, Layout
 
 __all__ = ["DemoConfig", "ReplicaRun", "DemoRun", "train_worker", "run_demo", "Failure", "Recovery", "FailoverRun",
@@ -286,9 +286,11 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | tupl
                  context: Agent | None = None) -> dict:
     """Train ``config.steps`` steps as ``rank`` of ``world`` (default group already initialised).
 
-    Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "controller"}``;
-    ``losses`` (step losses averaged over the global batch, float32 values) and ``loss_bits`` (their
-    float32 bit patterns) are empty except on the last pipeline stage.
+    Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "controller",
+    "step_start_s", "timeline"}``; ``losses`` (step losses averaged over the global batch, float32 values) and
+    ``loss_bits`` (their float32 bit patterns) are empty except on the last pipeline stage; ``timeline`` is the
+    lightrail agent's record of the replica's ops (``Agent.timeline``; empty on gloo), ``step_start_s`` when each
+    step started (the same clock).
 
     With ``baseline`` (a backend name, or several), a replica of the model trains on groups of each baseline
     backend in the same processes, the replicas taking turns in blocks of ``block`` steps (the order rotating
@@ -309,14 +311,14 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | tupl
     torch.set_num_threads(1)  # many ranks share few cores
     try:
         layout = config.layout()
-        main = _Replica(config, rank, _make_groups(layout, rank), context)
+        main = _Replica(config, rank, _make_groups(layout, rank), context, ops=context)
         if baseline is None:
             for step in range(config.steps):
                 main.step(step)
                 if on_step is not None:
                     on_step(rank, step)
             return main.result(rank)
-        others = [_Replica(config, rank, _make_groups(layout, rank, b), context)
+        others = [_Replica(config, rank, _make_groups(layout, rank, b), context, ops=registered(b))
                   for b in ((baseline,) if isinstance(baseline, str) else baseline)]
         replicas = [*others, main]
         for first in range(0, config.steps, block):
@@ -338,8 +340,9 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | tupl
 class _Replica:
     """One copy of the model on one set of groups, with its losses, step times and controller requests."""
 
-    def __init__(self, config: DemoConfig, rank: int, groups: dict, agent: Agent | None):
+    def __init__(self, config: DemoConfig, rank: int, groups: dict, agent: Agent | None, *, ops: Agent | None = None):
         self.agent = agent  # shared by both replicas: requests count wherever they happen (acks of revokes)
+        self.ops = ops  # the agent running this replica's groups (lightrail backends): its op timeline
         coords = {d: int(c) for d, c in config.layout().coords(rank).items()}
         self.config, self.groups = config, groups
         self.stage, self.tp_rank, self.dp_rank = coords[Dim.PP], coords[Dim.TP], coords[Dim.DP]
@@ -347,11 +350,12 @@ class _Replica:
         self.model = _Stage(config, self.stage, self.tp_rank, groups[Dim.TP])
         self.params = list(self.model.parameters())
         self.optimizer = _Adam(self.params, config.lr)
-        self.losses, self.times, self.requests = [], [], []
+        self.losses, self.times, self.requests, self.starts = [], [], [], []
         self.snapshots: deque = deque(maxlen=3)  # (step, tensors, adam t); only kept with spares
 
     def step(self, step: int) -> None:
         start, sent = time.perf_counter(), self._requests()
+        self.starts.append(start)
         for p in self.params:
             p.grad = None
         loss = _pipeline_step(self.config, self.model, step, self.stage, self.dp_rank, self.groups[Dim.PP])
@@ -392,6 +396,7 @@ class _Replica:
     def _truncate(self, step: int) -> None:
         self.losses = self.losses[: step + 1] if self.stage == self.config.pp - 1 else []
         self.times, self.requests = self.times[: step + 1], self.requests[: step + 1]
+        self.starts = self.starts[: step + 1]
 
     def regroup(self, groups: dict) -> None:
         """Use a new generation's groups (the model's TP layers hold theirs)."""
@@ -417,7 +422,7 @@ class _Replica:
         last = self.stage == self.config.pp - 1
         self.losses = [float(v) for v in flat[offset + 1:]] if last else []
         # steps this process did not run: no time, no requests of its own
-        self.times, self.requests = [0.0] * (step + 1), [0] * (step + 1)
+        self.times, self.requests, self.starts = [0.0] * (step + 1), [0] * (step + 1), [0.0] * (step + 1)
         self.snapshots.clear()
         self.snapshot(step)
 
@@ -430,7 +435,8 @@ class _Replica:
         controller["requests_per_step"] = self.requests
         return {"rank": rank, "stage": self.stage, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
                 "losses": self.losses, "loss_bits": [_bits(x) for x in self.losses], "iteration_s": self.times,
-                "controller": controller}
+                "controller": controller, "step_start_s": self.starts,
+                "timeline": [] if self.ops is None else list(self.ops.timeline)}
 
 
 def _pipeline_step(config: DemoConfig, model: _Stage, step: int, stage: int, dp_rank: int, pp_group):
