@@ -139,28 +139,32 @@ def test_dense_presets_have_active_equal_total():
         assert m.experts == 0 and m.active_params() == m.total_params()
 
 
-def test_deepseek_v3_like():
+def test_deepseek_v3_with_latent_attention():
     m = preset("deepseek-v3")
     total, active = m.total_params(), m.active_params()
-    assert total == 688_268_342_272 and active == 54_794_220_544
+    assert total == 671_026_404_352 and active == 37_552_282_624
     assert m.moe_layers == 58 and not m.is_moe_layer(2) and m.is_moe_layer(3)
     # MLA (q_lora_rank 1536, kv_lora_rank 512, rope 64, nope 128, v 128, 128 heads) per layer, with its two norms:
     mla = (7168 * 1536 + 1536 + 1536 * 128 * (128 + 64) + 7168 * (512 + 64) + 512
            + 512 * 128 * (128 + 128) + 128 * 128 * 7168)
-    assert mla == 187_107_328
-    overcount = m.layers * (m.attention_params() - mla)
-    assert m.attention_params() == 469_762_048
-    # With attention corrected to MLA, the counts meet DeepSeek's 671B total and 37B active (paper, Sec. 1).
-    assert total - overcount == pytest.approx(671e9, rel=5e-3)
-    assert active - overcount == pytest.approx(37e9, rel=2e-2)
+    assert mla == 187_107_328 == m.attention_params() + 1536 + 512
+    # DeepSeek's 671B total and 37B active (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 1 and 4.2)
+    assert total == pytest.approx(671e9, rel=5e-3)
+    assert active == pytest.approx(37e9, rel=2e-2)
+    # without latent attention (q, k, v of 128 heads x 128): 470M a layer, the old approximation's 688B
+    plain = m.with_(q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0)
+    assert plain.attention_params() == 469_762_048 and plain.total_params() == 688_268_342_272
+    with pytest.raises(ScenarioError, match="q_lora_rank 1536 is set without kv_lora_rank"):
+        m.with_(kv_lora_rank=0)
 
 
 def test_training_flops_are_six_per_active_weight_plus_attention():
     for name, m in PRESETS.items():
         tokens = m.seq_len
         matmul_weights = m.active_params() - m.vocab * m.hidden * (0 if m.tied_embeddings else 1) \
-            - m.layers * 2 * m.hidden - m.hidden
-        attention = 3 * m.layers * 2 * tokens * m.seq_len * m.attention_dim  # forward + backward
+            - m.layers * (2 * m.hidden + m.q_lora_rank + m.kv_lora_rank) - m.hidden
+        # forward + backward; with latent attention QK^T is head_dim + rope_head_dim wide per head
+        attention = 3 * m.layers * tokens * m.seq_len * m.heads * (2 * m.head_dim + m.rope_head_dim)
         # exact: 6 FLOPs per token per matmul weight (the input embedding is a lookup) plus causal attention
         assert m.training_flops(tokens) == 6 * matmul_weights * tokens + attention, name
         # approximate: the usual 6 N per token (N counts both embeddings) plus attention, within 7 %

@@ -22,7 +22,8 @@ from lightrail.errors import ScenarioError
 __all__ = ["ModelSpec", "PRESETS", "preset"]
 
 _POSITIVE = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq_len", "dtype_bytes")
-_NON_NEGATIVE = ("head_dim", "experts", "top_k", "moe_ffn", "shared_experts", "dense_layers")
+_NON_NEGATIVE = ("head_dim", "experts", "top_k", "moe_ffn", "shared_experts", "dense_layers", "q_lora_rank",
+                 "kv_lora_rank", "rope_head_dim")
 
 
 def _count(value: object, field: str, *, minimum: int) -> int:
@@ -68,6 +69,14 @@ class ModelSpec:
     """Experts every token visits in an MoE layer (DeepSeek's ``n_shared_experts``)."""
     dense_layers: int = 0
     """Leading layers of an MoE model that keep a dense MLP (DeepSeek's ``first_k_dense_replace``)."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3): width of the compressed key-value latent; 0 for ordinary
+    (grouped-query) attention. With it, ``head_dim`` is the width of a value head and of a query/key head's
+    non-rotary part (DeepSeek's ``v_head_dim`` = ``qk_nope_head_dim``)."""
+    q_lora_rank: int = 0
+    """MLA: rank of the low-rank query projection; 0 for a full-rank query projection (DeepSeek-V2-Lite)."""
+    rope_head_dim: int = 0
+    """MLA: width of the decoupled rotary part of each query and key head (``qk_rope_head_dim``)."""
     gated_mlp: bool = True
     """SwiGLU/GeGLU (gate, up and down: 3 matrices) if True; GELU MLP (up, down: 2) if False."""
     tied_embeddings: bool = False
@@ -101,6 +110,11 @@ class ModelSpec:
         if self.kv_heads > self.heads or self.heads % self.kv_heads:
             raise ScenarioError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}",
                                 field="model.kv_heads", fix="use a divisor of heads (heads for multi-head attention)")
+        if not self.kv_lora_rank:
+            for key in ("q_lora_rank", "rope_head_dim"):
+                if getattr(self, key):
+                    raise ScenarioError(f"{key} {getattr(self, key)} is set without kv_lora_rank",
+                                        field=f"model.{key}", fix="set kv_lora_rank for latent attention, or 0")
 
     def _check_moe(self) -> None:
         if self.experts == 0:
@@ -175,8 +189,15 @@ class ModelSpec:
     # -- parameters --------------------------------------------------------------------------------
 
     def attention_params(self) -> int:
-        """Q, K, V and output projections (no biases)."""
-        return self.hidden * self.attention_dim + 2 * self.hidden * self.kv_dim + self.attention_dim * self.hidden
+        """Q, K, V and output projections (no biases); with latent attention, its down- and up-projections
+        (DeepSeek-V3: q 7168x1536, 1536x128x192; kv 7168x576, 512x128x256; out 128x128x7168: 187.1M a layer)."""
+        out = self.attention_dim * self.hidden
+        if not self.kv_lora_rank:
+            return self.hidden * self.attention_dim + 2 * self.hidden * self.kv_dim + out
+        q_width = self.heads * (self.head_dim + self.rope_head_dim)
+        q = self.hidden * self.q_lora_rank + self.q_lora_rank * q_width if self.q_lora_rank else self.hidden * q_width
+        kv = self.hidden * (self.kv_lora_rank + self.rope_head_dim) + self.kv_lora_rank * 2 * self.attention_dim
+        return q + kv + out
 
     def mlp_params(self, width: int) -> int:
         """One MLP (dense block or one expert) of intermediate size ``width``."""
@@ -187,8 +208,9 @@ class ModelSpec:
         return self.experts * self.mlp_params(self.moe_ffn) if self.is_moe_layer(i) else 0
 
     def _norm_params(self) -> int:
-        # One weight vector before attention and one before the MLP (RMSNorm; a LayerNorm bias is not counted).
-        return 2 * self.hidden
+        # One weight vector before attention and one before the MLP (RMSNorm; a LayerNorm bias is not counted),
+        # and MLA's norms of its query and key-value latents.
+        return 2 * self.hidden + self.q_lora_rank + self.kv_lora_rank
 
     def _layer_params(self, i: int, routed: int) -> int:
         if not self.is_moe_layer(i):
@@ -231,12 +253,13 @@ class ModelSpec:
         Matmuls cost 2 FLOPs per multiply-accumulate on every active weight except the norms
         (element-wise, not a matmul); causal attention adds ``QK^T`` and ``AV``, each
         ``seq_len * attention_dim`` MACs per token, halved by the mask: ``2 * tokens * seq_len *
-        attention_dim``. Softmax, activations and residual adds are left out. The backward pass
+        attention_dim`` (with latent attention ``QK^T`` is ``head_dim + rope_head_dim`` wide per head). Softmax,
+        activations and residual adds are left out. The backward pass
         costs ``backward_factor`` times this; activation recomputation, if used, adds one more forward.
         """
         t = _count(tokens, "tokens", minimum=0)
         matmul_params = self.layer_active_params(i) - self._norm_params()
-        return 2 * matmul_params * t + 2 * t * self.seq_len * self.attention_dim
+        return 2 * matmul_params * t + t * self.seq_len * self.heads * (2 * self.head_dim + self.rope_head_dim)
 
     def logits_flops(self, tokens: int) -> int:
         """Forward FLOPs of the output projection (the input embedding is a lookup, free)."""
@@ -304,17 +327,16 @@ def _presets() -> Mapping[str, ModelSpec]:
         # intermediate size 14336, vocab 32000); seq_len 4096 is a training choice (the config allows 32768).
         ModelSpec(name="mixtral-8x7b", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=32000,
                   seq_len=4096, experts=8, top_k=2, moe_ffn=14336),
-        # DeepSeek-V3-like: config.json of deepseek-ai/DeepSeek-V3 (61 layers, hidden 7168, dense intermediate
+        # DeepSeek-V3: config.json of deepseek-ai/DeepSeek-V3 (61 layers, hidden 7168, dense intermediate
         # 18432, 128 heads, 256 routed experts of intermediate 2048, 8 per token, 1 shared, first 3 layers
-        # dense, vocab 129280). Multi-head latent attention is approximated as attention with 128 KV heads of
-        # width 128 (v_head_dim). Against real MLA (q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64)
-        # this over-counts attention weights, 470M instead of 187M per layer, so about 17.2B too many in both
-        # total and active; under-counts score FLOPs (QK^T is 192 wide in MLA, 128 here), so attention-core
-        # FLOPs are 20 % low; and kv_bytes gives 32768 values per token and layer, against 576 for the cached
-        # latent or 40960 for up-projected K and V. The multi-token-prediction module (14B) is not modelled.
+        # dense, vocab 129280) with its multi-head latent attention (q_lora_rank 1536, kv_lora_rank 512,
+        # qk_rope_head_dim 64, v_head_dim = qk_nope_head_dim 128): 671.0B total, 37.5B active, as the paper's
+        # 671B and 37B (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 4.2). kv_bytes still counts up-projected K and
+        # V of 128-wide heads (32768 values per token and layer; the cached latent is 576). The
+        # multi-token-prediction module (14B, outside the 671B) is not modelled.
         ModelSpec(name="deepseek-v3", layers=61, hidden=7168, ffn=18432, heads=128, kv_heads=128, head_dim=128,
                   vocab=129280, seq_len=4096, experts=256, top_k=8, moe_ffn=2048, shared_experts=1,
-                  dense_layers=3),
+                  dense_layers=3, q_lora_rank=1536, kv_lora_rank=512, rope_head_dim=64),
     ]
     return MappingProxyType({spec.name: spec for spec in specs})
 
