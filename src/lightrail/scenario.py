@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from lightrail.control.plan import Mode, Policy
 from lightrail.errors import LightrailError, ScenarioError
@@ -51,6 +51,16 @@ _BUILDER_FIELDS = {"--shape": "cluster.shape", "ranks": "cluster.gpus", "--topol
                    "routing": "cluster.routing"}
 
 
+def _time_text(value: Any) -> Any:
+    """A number where a time is expected, as text: ``parse_time`` then reads a bare 0 as no time (as flags and
+    sweep files do) and names any other bare number as one without a unit."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+Duration = Annotated[str, BeforeValidator(_time_text)]
+"""A time with a unit (``10ms``, ``3us``), or a bare 0."""
+
+
 class ModelSection(_Strict):
     preset: str | None = Field(None, description="A preset: debug, llama3-8b, llama3-70b, llama3-405b, gpt3-175b, "
                                                  "mixtral-8x7b, deepseek-v3.")
@@ -74,8 +84,8 @@ class ClusterSection(_Strict):
     gpu: str = Field("h200", description="GPU preset: h100, h200, b200, a100.")
     rail_bandwidth: str | None = Field(None, description="NIC / rail rate per GPU, e.g. 400Gbps (default: the GPU's).")
     nvlink_bandwidth: str | None = Field(None, description="NVLink rate per GPU per direction (default: the GPU's).")
-    latency: str = Field(format_time(HOP_LATENCY), description="Latency per hop.")
-    alpha: str = Field(format_time(ALPHA), description="Start-up cost per collective step.")
+    latency: Duration = Field(format_time(HOP_LATENCY), description="Latency per hop.")
+    alpha: Duration = Field(format_time(ALPHA), description="Start-up cost per collective step.")
     peak_tflops: float | None = Field(None, gt=0, description="Dense BF16 peak of one GPU in TFLOP/s (default: the "
                                                                "GPU preset's); e.g. a measured CPU rate.")
     routing: Literal["pxn", "ecmp"] = Field(RailFabric.routing, description="Electrical rails: NCCL's PXN (a flow "
@@ -174,15 +184,15 @@ class JobSection(_Strict):
 class _OcsFacts(_Strict):
     """The ``ocs`` section's hardware and control-plane facts; its policy fields come from ``Policy``."""
 
-    reconfig_delay: str = Field(f"{RECONFIG_DELAY * 1e3:g}ms",
-                                description="OCS reconfiguration delay (MEMS: 10-25 ms).")
-    check_in_rtt: str = Field(f"{CHECK_IN_RTT * 1e3:g}ms", description="Round trip of a rank's check-in with the "
-                              "controller (default: lightrail's controller, measured; see fabric/params.py).")
-    command_latency: str = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision to "
-                                 "the start of a reconfiguration (default: measured, see fabric/params.py).")
-    revoke_rtt: str = Field(f"{REVOKE_RTT * 1e3:g}ms", description="From the controller's revoke of a lease to its "
-                            "end, every holder's ack in (default: lightrail's controller, measured; see "
-                            "fabric/params.py).")
+    reconfig_delay: Duration = Field(f"{RECONFIG_DELAY * 1e3:g}ms",
+                                     description="OCS reconfiguration delay (MEMS: 10-25 ms); 0 for none.")
+    check_in_rtt: Duration = Field(f"{CHECK_IN_RTT * 1e3:g}ms", description="Round trip of a rank's check-in with "
+                                   "the controller (default: lightrail's controller, measured; see fabric/params.py).")
+    command_latency: Duration = Field(f"{COMMAND_LATENCY * 1e3:g}ms", description="From the controller's decision "
+                                      "to the start of a reconfiguration (default: measured, see fabric/params.py).")
+    revoke_rtt: Duration = Field(f"{REVOKE_RTT * 1e3:g}ms", description="From the controller's revoke of a lease to "
+                                 "its end, every holder's ack in (default: lightrail's controller, measured; see "
+                                 "fabric/params.py).")
 
     def policy(self) -> Policy:
         """The section's policy fields as the one Policy object the Plan carries."""

@@ -1,4 +1,4 @@
-"""``lightrail simulate``, ``sweep``, ``check``, ``cost``: photonic against electrical rails for a training job."""
+"""``lightrail simulate``, ``sweep``, ``cost``: photonic against electrical rails for a training job."""
 
 from __future__ import annotations
 
@@ -41,27 +41,6 @@ MAX_COST_GPUS = 2**24
 """Largest cluster the (analytic) cost model prices: 16.7 M GPUs, beyond any built or announced."""
 DEFAULT_DELAYS = ",".join(format_time(d) if d else "0" for d in OCS_DELAYS)
 """``0,10ms,50ms,100ms,250ms,500ms,750ms,1s``: the delays Opus sweeps."""
-
-
-@app.command("check")
-@friendly
-def check_cmd(scenario: Scenario = None):
-    """Validate a scenario file without simulating (exit 2 and the field at fault if it is wrong); prints the
-    sequence length, tokens per iteration and parameter count the simulation will use."""
-    built = built_scenario(scenario, trace_ok=True)
-    if built.trace is not None:
-        ops = ", ".join(f"{v} {k}" for k, v in built.trace.ops().items() if ":" not in k)
-        network = built.topology.name if built.topology is not None else "one GPU"
-        f = built.fabric
-        out.print(f"ok: {built.scenario.name}: Chakra trace {built.trace.source}, {built.trace.world} ranks "
-                  f"({ops}) on {built.trace.world} {built.gpu.name}, {network}; sharing {f.sharing}, "
-                  f"collectives {f.collectives}")
-        return
-    job = built.job
-    out.print(f"ok: {built.scenario.name}: {built.model.name} on {job.layout.world} {built.gpu.name}, "
-              f"{job.layout}, {job.micro_batches} micro-batches")
-    out.print(f"  sequence length {built.model.seq_len} tokens, {job.tokens_per_iteration:,} tokens per iteration, "
-              f"{built.model.total_params():,} parameters")
 
 
 @app.command("simulate")
