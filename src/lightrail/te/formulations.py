@@ -16,9 +16,9 @@ from the maximisations and added to min-MLU, which makes the link utilizations u
 Each primary term is dimensionless (the fraction of the total demand served, ``t``, or ``U``) and so is ``u``, so
 one ``lam`` means the same trade-off on any network and at any traffic scale.
 
-``lam == 0`` solves an LP with HiGHS (through highspy, from sparse arrays); ``lam > 0`` solves a QP through cvxpy
-(Clarabel or OSQP), compiled once with the demand as a parameter so a controller's later solves only re-run the
-solver.
+``lam == 0`` solves an LP with HiGHS (through highspy, from sparse arrays); ``lam > 0`` solves a QP with Clarabel or
+OSQP, its sparse data built once and only the demand's entries changed per solve (``te/qp.py``; cvxpy, used before,
+held a dense paths x demands array while compiling it: 12.3 GiB on TATA).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from lightrail.errors import InfeasibleError, ScenarioError
 __all__ = ["Objective", "TeProblem", "QP_SOLVERS", "link_loads", "utilization"]
 
 QP_SOLVERS = ("clarabel", "osqp")
-"""cvxpy solvers accepted for the regularized (``lam > 0``) problem."""
+"""Solvers accepted for the regularized (``lam > 0``) problem."""
 
 _INF = highspy.kHighsInf
 _bannered = False
@@ -109,7 +109,7 @@ class TeProblem:
     capacity : (L,) link capacities (Gbps), all > 0.
     objective : an :class:`Objective` or its name.
     lam : weight of ``sum_e u_e^2`` (dimensionless, >= 0); 0 solves the plain LP.
-    solver : cvxpy solver of the regularized problem, ``clarabel`` or ``osqp`` (the LP always uses HiGHS).
+    solver : solver of the regularized problem, ``clarabel`` or ``osqp`` (the LP always uses HiGHS).
 
     >>> import scipy.sparse as sp
     >>> te = TeProblem(sp.csr_matrix(np.eye(2)), np.array([0, 0]), np.array([3.0, 1.0]), "min-mlu")
@@ -227,49 +227,17 @@ class TeProblem:
                                   fix="check the demand and capacity arrays for extreme or non-finite values")
         return np.asarray(h.getSolution().col_value[: self.n_paths], dtype=float)
 
-    # -- the QP (lam > 0): cvxpy with the demand as parameters, DPP so later solves skip canonicalization ------
+    # -- the QP (lam > 0): sparse data straight to Clarabel or OSQP (te/qp.py: cvxpy's layout, no dense tensor) --
 
     def _build_qp(self) -> None:
-        import cvxpy as cp
+        from lightrail.te.qp import RegularizedQp
 
-        x = cp.Variable(self.n_paths, nonneg=True, name="x")
-        d = cp.Parameter(self.n_demands, nonneg=True, name="demand")
-        u = self.scaled @ x
-        reg = self.lam * cp.sum_squares(u)
-        b = self.demand_paths
-        self._inv_total = None
-        if self.objective == Objective.MAX_FLOW:
-            inv_total = cp.Parameter(nonneg=True, name="inv_total")  # served fraction stays DPP: param * affine
-            self._inv_total = inv_total
-            problem = cp.Problem(cp.Maximize(inv_total * cp.sum(x) - reg), [u <= 1, b @ x <= d])
-        elif self.objective == Objective.MAX_CONCURRENT:
-            t = cp.Variable(name="t")
-            problem = cp.Problem(cp.Maximize(t - reg), [u <= 1, b @ x == cp.multiply(d, t), t >= 0, t <= 1])
-        else:
-            mlu = cp.Variable(nonneg=True, name="U")
-            problem = cp.Problem(cp.Minimize(mlu + reg), [u <= mlu, b @ x == d])
-        assert problem.is_dpp(), "the TE QP must be DPP so repeated solves reuse the compiled problem"
-        self._qp, self._x, self._d = problem, x, d
-        self._solve_kwargs = {"solver": self.solver.upper(), "warm_start": True}
-        if self.solver == "osqp":
-            self._solve_kwargs.update(eps_abs=1e-8, eps_rel=1e-8, max_iter=200_000, polishing=True)
+        osqp = {"eps_abs": 1e-8, "eps_rel": 1e-8, "max_iter": 200_000, "polishing": True}
+        self._qp = RegularizedQp(self.scaled, self.demand_paths, self.objective.value, self.lam, self.solver,
+                                 osqp_options=osqp if self.solver == "osqp" else None)
 
     def _solve_qp(self, d: np.ndarray, total: float) -> np.ndarray:
-        import cvxpy as cp
-
-        self._d.value = d
-        if self._inv_total is not None:
-            self._inv_total.value = 1.0 / total
-        try:
-            self._qp.solve(**self._solve_kwargs)
-        except cp.error.SolverError as error:
-            raise InfeasibleError(f"{self.solver} failed on the {self.objective} TE QP: {error}", field="demand",
-                                  fix="try --solver clarabel, or check the demand for extreme values") from None
-        if self._qp.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or self._x.value is None:
-            raise InfeasibleError(f"{self.solver} did not solve the {self.objective} TE QP "
-                                  f"(status: {self._qp.status})", field="demand",
-                                  fix="try --solver clarabel, or check the demand for extreme values")
-        return np.asarray(self._x.value, dtype=float)
+        return self._qp.solve(d, total)
 
     # -- public -------------------------------------------------------------------------------------------------
 
