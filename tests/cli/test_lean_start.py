@@ -64,6 +64,18 @@ def test_version_and_algorithms_import_nothing_heavy(command):
     assert found[command] == []
 
 
+def test_json_output_imports_no_plotting():
+    """``simulate --json`` and ``collective --json`` write no figure, so matplotlib is never imported (it was most
+    of a small job's time); importing ``lightrail`` itself loads none of its API."""
+    tiny = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "debug-tiny.yaml")
+    simulate, collective = f"simulate {tiny} --json --no-ablation", "collective --ranks 256 --json"
+    assert "matplotlib" not in probe(simulate)[simulate]  # each in its own interpreter: modules accumulate
+    assert not {"matplotlib", "scipy"} & set(probe(collective)[collective])
+    done = subprocess.run([sys.executable, "-c", "import sys, lightrail; print('lightrail.api' in sys.modules, "
+                           "'numpy' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]
+
+
 def test_the_cli_starts_without_numpy():
     """``--version`` needs no numpy at all (``lightrail.defaults`` holds what the help shows)."""
     found = probe("--version")

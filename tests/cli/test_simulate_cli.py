@@ -64,6 +64,20 @@ def test_simulate_json_has_the_promised_keys_and_consistent_values(tmp_path):
     assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_no_ablation_keeps_every_key_and_value_but_the_ablation_rows(tmp_path):
+    """The contract: ``simulate --no-ablation --json`` is today's JSON with an empty ablation, every other value the
+    same; nothing is plotted for the ablation, and the table leaves its two tables out."""
+    full = json.loads(run("simulate", TINY, "--json").output)
+    lean = run("simulate", TINY, "--json", "--no-ablation", "--out", tmp_path)
+    assert lean.exit_code == 0, lean.output
+    lean = json.loads(lean.output)
+    assert list(lean) == list(full) and full["ablation"] and lean["ablation"] == []
+    assert {k: v for k, v in lean.items() if k != "ablation"} == {k: v for k, v in full.items() if k != "ablation"}
+    assert (tmp_path / "breakdown.png").is_file() and not (tmp_path / "overhead.png").exists()
+    table = run("simulate", TINY, "--no-ablation", "--out", tmp_path)
+    assert table.exit_code == 0 and "policy ablation" not in table.output and "iteration time" in table.output
+
+
 def test_simulate_table_compares_the_two_fabrics(tmp_path):
     result = run("simulate", TINY, "--out", tmp_path)
     assert result.exit_code == 0, result.output

@@ -71,6 +71,59 @@ def _read(file: Path):
     return [SimpleNamespace(op=None, rows=rows, ranks=listed, devices=())], []
 
 
+def fit_log(file: Path, *, ranks: int = 8, topology: str = "switch", algo: str = "auto", op: str | None = None,
+            model: str = "nccl", gpu: str | None = None, arch: str | None = None, nvlink_bandwidth: str | None = None,
+            rail_bandwidth: str | None = None, nics_per_server: int | None = None, nvls: bool | None = None,
+            collnet: bool = False, latency: str = LATENCY_DEFAULT, shape: str | None = None,
+            gpus_per_server: int = GPUS_PER_SERVER, hosts_per_leaf: int = HOSTS_PER_LEAF,
+            oversubscription: float = 1.0):
+    """The calibration of ``calibrate nccl-tests`` (its options, as keywords): NCCL's model (or, ``model="engine"``,
+    one lightrail schedule) fitted to the log in ``file``; what ``lightrail.calibrate`` returns too."""
+    check_ranks(ranks)
+    if model not in MODELS:
+        raise ScenarioError(f"unknown model {model!r}", field="--model", fix="use nccl or engine")
+    tables, warnings = _read(file)
+    kind, table = _op(op, tables, model)
+    listed = table.ranks
+    if listed is not None and listed != ranks:
+        raise ScenarioError(f"the log's header lists {listed} ranks", field="--ranks", fix=f"use --ranks {listed}")
+    rows = table.rows
+    if model == "engine":
+        from lightrail.calibrate import fit
+        from lightrail.collectives.registry import resolve
+
+        name = resolve(kind, algo, ranks).name if algo == "auto" else algo
+        check_collective_size(parse_kind(kind), name, ranks)  # bounded before the fit builds the schedule
+        cal = fit(rows, kind=parse_kind(kind), algo=name, topology=topology, ranks=ranks,
+                  latency_s=parse_time(latency, field="--latency"), shape=parse_shape(shape),
+                  gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
+    else:
+        from lightrail.calibrate import fit_nccl, nccl_communicator
+        from lightrail.nccl import ARCHS, parse_algorithm
+
+        if topology not in NCCL_TOPOLOGIES:
+            raise ScenarioError(f"NCCL's model describes NVLink servers with a NIC per GPU, not {topology!r}",
+                                field="--topology", fix=f"use one of {', '.join(NCCL_TOPOLOGIES)}, or --model engine")
+        if arch is not None and arch not in ARCHS:
+            raise ScenarioError(f"unknown GPU class {arch!r}", field="--arch", fix=f"use one of {', '.join(ARCHS)}")
+        if gpus_per_server < 1 or ranks % min(gpus_per_server, ranks):
+            raise ScenarioError(f"{ranks} ranks do not fill servers of {gpus_per_server} GPUs",
+                                field="--gpus-per-server", fix="give the GPUs per server the job used")
+        forced = None if algo == "auto" else parse_algorithm(algo, field="--algo")
+        comm, nominal, more = nccl_communicator(
+            ranks, gpus_per_server, gpu=gpu, arch=arch, nvls=nvls, collnet=collnet,
+            nvlink_Bps=parse_rate(nvlink_bandwidth, field="--nvlink-bandwidth") if nvlink_bandwidth else None,
+            nic_Bps=parse_rate(rail_bandwidth, field="--rail-bandwidth") if rail_bandwidth else None,
+            devices=getattr(table, "devices", ()), nics_per_server=nics_per_server)
+        try:
+            cal = fit_nccl(rows, kind=kind, comm=comm, algorithm=forced, topology=topology, nominal=nominal,
+                           warnings=warnings + more)
+        except LightrailError as e:
+            e.field = "--algo" if e.field == "algorithm" else e.field
+            raise
+    return cal
+
+
 @calibrate_app.command("nccl-tests")
 @friendly
 def nccl_tests_cmd(
@@ -120,48 +173,10 @@ def nccl_tests_cmd(
     from lightrail.report.calibrate import print_calibration, write_calibration
 
     fmt = figure_suffix(fmt)
-    check_ranks(ranks)
-    if model not in MODELS:
-        raise ScenarioError(f"unknown model {model!r}", field="--model", fix="use nccl or engine")
-    tables, warnings = _read(file)
-    kind, table = _op(op, tables, model)
-    listed = table.ranks
-    if listed is not None and listed != ranks:
-        raise ScenarioError(f"the log's header lists {listed} ranks", field="--ranks", fix=f"use --ranks {listed}")
-    rows = table.rows
-    if model == "engine":
-        from lightrail.calibrate import fit
-        from lightrail.collectives.registry import resolve
-
-        name = resolve(kind, algo, ranks).name if algo == "auto" else algo
-        check_collective_size(parse_kind(kind), name, ranks)  # bounded before the fit builds the schedule
-        cal = fit(rows, kind=parse_kind(kind), algo=name, topology=topology, ranks=ranks,
-                  latency_s=parse_time(latency, field="--latency"), shape=parse_shape(shape),
-                  gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
-    else:
-        from lightrail.calibrate import fit_nccl, nccl_communicator
-        from lightrail.nccl import ARCHS, parse_algorithm
-
-        if topology not in NCCL_TOPOLOGIES:
-            raise ScenarioError(f"NCCL's model describes NVLink servers with a NIC per GPU, not {topology!r}",
-                                field="--topology", fix=f"use one of {', '.join(NCCL_TOPOLOGIES)}, or --model engine")
-        if arch is not None and arch not in ARCHS:
-            raise ScenarioError(f"unknown GPU class {arch!r}", field="--arch", fix=f"use one of {', '.join(ARCHS)}")
-        if gpus_per_server < 1 or ranks % min(gpus_per_server, ranks):
-            raise ScenarioError(f"{ranks} ranks do not fill servers of {gpus_per_server} GPUs",
-                                field="--gpus-per-server", fix="give the GPUs per server the job used")
-        forced = None if algo == "auto" else parse_algorithm(algo, field="--algo")
-        comm, nominal, more = nccl_communicator(
-            ranks, gpus_per_server, gpu=gpu, arch=arch, nvls=nvls, collnet=collnet,
-            nvlink_Bps=parse_rate(nvlink_bandwidth, field="--nvlink-bandwidth") if nvlink_bandwidth else None,
-            nic_Bps=parse_rate(rail_bandwidth, field="--rail-bandwidth") if rail_bandwidth else None,
-            devices=getattr(table, "devices", ()), nics_per_server=nics_per_server)
-        try:
-            cal = fit_nccl(rows, kind=kind, comm=comm, algorithm=forced, topology=topology, nominal=nominal,
-                           warnings=warnings + more)
-        except LightrailError as e:
-            e.field = "--algo" if e.field == "algorithm" else e.field
-            raise
+    cal = fit_log(file, ranks=ranks, topology=topology, algo=algo, op=op, model=model, gpu=gpu, arch=arch,
+                  nvlink_bandwidth=nvlink_bandwidth, rail_bandwidth=rail_bandwidth, nics_per_server=nics_per_server,
+                  nvls=nvls, collnet=collnet, latency=latency, shape=shape, gpus_per_server=gpus_per_server,
+                  hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
     writes = not as_json or given_on_command_line("out_dir")
     written = write_calibration(cal, out_dir, file.name, fmt=fmt) if writes else []
     if as_json:

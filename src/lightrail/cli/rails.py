@@ -55,6 +55,8 @@ def simulate_cmd(
                                                  show_default=False)] = None,
     fmt: FigureFormat = "png",
     html: HtmlOut = False,
+    ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="Also run the six-policy ablation and "
+                                           "its overhead breakdowns (most of the work on big jobs).")] = True,
     as_json: JsonOut = False,
 ):
     """Electrical vs photonic rails for one training job: iteration time, overhead, reconfigurations,
@@ -69,8 +71,8 @@ def simulate_cmd(
     if built.trace is not None:
         return _simulate_trace(built, output_folder(out_dir, "out/simulate", as_json=as_json, html=html), as_json,
                                html)
-    with progress_steps(3 + len(ABLATION), f"simulating {built.scenario.name}", as_json) as step:
-        result = compare_rails(built, progress=step)
+    with progress_steps(3 + len(ABLATION) * ablation, f"simulating {built.scenario.name}", as_json) as step:
+        result = compare_rails(built, ablation=ablation, progress=step)
     out_dir = output_folder(out_dir, "out/simulate", as_json=as_json, html=html)
     if out_dir is not None:
         write_simulate(result, out_dir, fmt=fmt)

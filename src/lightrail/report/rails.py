@@ -8,7 +8,6 @@ from rich.console import Console
 from rich.table import Table
 
 from lightrail.report.files import write_json
-from lightrail.report.plots import plot_breakdown, plot_delay_sweep, plot_overhead_breakdown
 from lightrail.studies.rails import BREAKDOWN, DelaySweep, RailsComparison
 from lightrail.units import format_time
 
@@ -32,14 +31,17 @@ def _delay(seconds: float) -> str:
 
 def write_simulate(result: RailsComparison, out_dir: Path, *, fmt: str = "png") -> list[Path]:
     """breakdown.<fmt>, overhead.<fmt>, trace.json (Perfetto), summary.json and scenario.json in ``out_dir``."""
+    from lightrail.report.plots import plot_breakdown, plot_overhead_breakdown  # matplotlib: only to write
+
     built = result.built
     setting = f"OCS delay {format_time(built.fabric.reconfig_delay)}, {built.policy.mode}"
     rows = {f"{name} rails" if name != "ideal" else "ideal rails (OCS, 0 delay)": summary
             for name, summary in result.breakdown.items()}
     return [plot_breakdown(rows, out_dir / f"breakdown.{fmt}",
                            title=f"{built.scenario.name}: {built.job.layout}, {setting}"),
-            plot_overhead_breakdown(result.rows(), out_dir / f"overhead.{fmt}",
-                                    title=f"{built.scenario.name}: where the photonic overhead goes, {setting}"),
+            *([plot_overhead_breakdown(result.rows(), out_dir / f"overhead.{fmt}",
+                                       title=f"{built.scenario.name}: where the photonic overhead goes, {setting}")]
+              if result.ablation else []),  # none with --no-ablation
             write_json(out_dir / "trace.json", result.trace()),
             write_json(out_dir / "summary.json", result.to_dict()),
             write_json(out_dir / "scenario.json", built.scenario.model_dump(mode="json"))]
@@ -77,8 +79,9 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
                          f"{row.reconfigurations_per_iteration:.1f}",
                          f"{row.controller_round_trips_per_iteration:.1f}")
         split.add_row(row.policy, *(signed_time(row.overhead_breakdown_s[k]) for k, _ in BREAKDOWN))
-    console.print(ablation)
-    console.print(split)
+    if result.ablation:  # none with --no-ablation
+        console.print(ablation)
+        console.print(split)
     b = result.overhead_breakdown_s
     console.print(f"photonic overhead {signed_time(result.iteration_time_s - result.baseline_iteration_time_s)} = "
                   + " + ".join(f"{lbl} {signed_time(b[k])}" for k, lbl in BREAKDOWN)
@@ -94,11 +97,13 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
         console.print(f"plan: {phases}; switches {result.plan['trigger']}", highlight=False)
     console.print(f"ideal rail (zero-delay OCS): {format_time(result.ideal_iteration_time_s)}; wrote "
                   f"{out_dir / 'summary.json'}, {out_dir / 'trace.json'} (open in ui.perfetto.dev), "
-                  f"{out_dir / f'breakdown.{fmt}'}, {out_dir / f'overhead.{fmt}'}")
+                  f"{out_dir / f'breakdown.{fmt}'}" + (f", {out_dir / f'overhead.{fmt}'}" if result.ablation else ""))
 
 
 def write_sweep(result: DelaySweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
     """overhead.<fmt>, sweep.json and scenario.json in ``out_dir``."""
+    from lightrail.report.plots import plot_delay_sweep  # matplotlib: only to write
+
     built = result.built
     return [write_json(out_dir / "scenario.json", built.scenario.model_dump(mode="json")),
             plot_delay_sweep(result.rows(), out_dir / f"overhead.{fmt}",

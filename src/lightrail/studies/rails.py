@@ -221,9 +221,10 @@ class DelaySweep:
                 "command_latency_s": self.command_latency_s, "rows": self.rows()}
 
 
-def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None) -> RailsComparison:
+def compare_rails(built: Built, *, ablation: bool = True,
+                  progress: Callable[[str], None] | None = None) -> RailsComparison:
     """Electrical rails (baseline), photonic rails with the scenario's policy, the ideal rail, the
-    ablation of policies in the scenario's mode, and power and cost."""
+    ablation of policies in the scenario's mode (``ablation=False``: none, most of the work), and power and cost."""
     job, fabric, params = built.job, built.fabric, built.policy
     step = progress or (lambda name: None)
     runs = JobRuns(job)
@@ -235,11 +236,11 @@ def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None
     step("photonic")
     ideal = runs(replace(fabric, kind="ideal"), params)
     step("ideal")
-    ablation = []
-    for label, knobs in ABLATION:
+    rows = []
+    for label, knobs in ABLATION if ablation else ():
         policy = replace(ORIGINAL, mode=params.mode, **knobs)
         r = runs(fabric, policy)
-        ablation.append(PolicyRun(policy=label, iteration_time_s=r.iteration_time_s,
+        rows.append(PolicyRun(policy=label, iteration_time_s=r.iteration_time_s,
                                   overhead=r.iteration_time_s / base - 1,
                                   reconfigurations_per_iteration=r.reconfigurations_per_iteration,
                                   controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
@@ -274,7 +275,7 @@ def compare_rails(built: Built, *, progress: Callable[[str], None] | None = None
         cost_ratio=costs.cost_ratio,
         breakdown={name: r.summary() for name, r in
                    (("electrical", electrical), ("photonic", photonic), ("ideal", ideal))},
-        ablation=tuple(ablation),
+        ablation=tuple(rows),
         costs={kind: {k: getattr(c, k) for k in ("tiers", "switches", "ocs_ports", "transceivers", "power_w",
                                                    "capex_usd")}
                for kind, c in (("electrical", costs.electrical), ("photonic", costs.photonic))},
