@@ -136,9 +136,14 @@ def format_rate(bytes_per_s: float) -> str:
 
 
 def format_time(seconds: float) -> str:
-    """Seconds with a unit, four significant digits (what the parsers read back).
+    """Seconds with a unit, four significant digits (what the parsers read back); never in scientific
+    notation: below a picosecond is float rounding (``0ns``), and long times are whole seconds.
 
-    >>> format_time(0.0123), format_time(3e-6)
-    ('12.3ms', '3us')
+    >>> format_time(0.0123), format_time(3e-6), format_time(1.522e-16), format_time(123456.7)
+    ('12.3ms', '3us', '0ns', '123457s')
     """
+    if math.isfinite(seconds) and abs(seconds) < 1e-12:
+        return "0ns"
+    if math.isfinite(seconds) and abs(seconds) >= 1e4:
+        return f"{seconds:.0f}s"
     return _format(seconds, [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")], 4)

@@ -17,10 +17,12 @@ from rich.markup import escape
 
 from lightrail import __version__
 from lightrail.errors import LightrailError, ScenarioError
+from lightrail.report.format import TableConsole
 
 app = typer.Typer(name="lightrail", no_args_is_help=True, add_completion=False,
                   help="Toolkit and control plane for reconfigurable photonic networks in ML clusters.")
-out = Console()
+out = TableConsole()
+"""stdout: tables are never cut short (folded in a terminal, printed at full width when piped)."""
 err = Console(stderr=True)
 
 

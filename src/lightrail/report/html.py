@@ -15,6 +15,14 @@ from pathlib import Path
 
 from lightrail.errors import ScenarioError
 from lightrail.report.files import write_text
+from lightrail.report.format import (
+    format_column,
+    format_percent,
+    format_seconds,
+    format_usd,
+    format_watts,
+    time_unit,
+)
 
 __all__ = ["REPORT", "Page", "build_page", "render", "write_page", "write_report"]
 
@@ -29,6 +37,7 @@ _PARTS = (("compute_s", "compute", "#4C72B0"), ("communication_s", "exposed comm
 _OVERHEAD = (("switching_delay_s", "switching", "#C44E52"), ("drain_wait_s", "drain wait", "#DD8452"),
              ("control_plane_s", "control", "#8172B2"), ("lost_overlap_s", "lost overlap", "#937860"))
 """Parts and colours as the static figures draw them (report/plots.py)."""
+_FABRICS = ("electrical", "photonic", "ideal (0-delay OCS)")
 
 
 @dataclass
@@ -75,22 +84,27 @@ def _simulate(page: Page, summary: dict) -> None:
     over.update_layout(barmode="relative", title=f"policy ablation ({summary['mode']}): where the overhead goes",
                        xaxis_title="overhead over electrical rails per iteration (ms)", yaxis_title="policy",
                        yaxis_autorange="reversed", height=120 + 40 * len(policies))
-    headline = [{"": "iteration time (s)", "electrical": summary["baseline_iteration_time_s"],
-                 "photonic": summary["iteration_time_s"], "ideal (0-delay OCS)": summary["ideal_iteration_time_s"]},
-                {"": "overhead (%)", "electrical": 0.0, "photonic": summary["overhead"] * 100,
-                 "ideal (0-delay OCS)": (summary["ideal_iteration_time_s"] / summary["baseline_iteration_time_s"] - 1)
-                 * 100},
-                {"": "rail network power (W)", "electrical": summary["costs"]["electrical"]["power_w"],
-                 "photonic": summary["costs"]["photonic"]["power_w"], "ideal (0-delay OCS)": ""},
-                {"": "rail network cost (USD)", "electrical": summary["costs"]["electrical"]["capex_usd"],
-                 "photonic": summary["costs"]["photonic"]["capex_usd"], "ideal (0-delay OCS)": ""}]
-    ablation = [{"policy": r["policy"], "iteration_time_s": r["iteration_time_s"], "overhead_%": r["overhead"] * 100,
+    times = [summary["baseline_iteration_time_s"], summary["iteration_time_s"], summary["ideal_iteration_time_s"]]
+    unit = time_unit(times)
+    ideal = summary["ideal_iteration_time_s"] / summary["baseline_iteration_time_s"] - 1
+    costs = summary["costs"]
+    # rows of different quantities: each row is formatted in its own unit (the row's name says which)
+    headline = [{"": f"iteration time ({unit[1]})", **dict(zip(_FABRICS, (format_seconds(t, unit=unit).split()[0]
+                                                                           for t in times), strict=True))},
+                {"": "overhead vs electrical rails", **dict(zip(_FABRICS, ("0%", format_percent(summary["overhead"]),
+                                                                           format_percent(ideal)), strict=True))},
+                {"": "rail network power", _FABRICS[0]: format_watts(costs["electrical"]["power_w"]),
+                 _FABRICS[1]: format_watts(costs["photonic"]["power_w"]), _FABRICS[2]: ""},
+                {"": "rail network cost", _FABRICS[0]: format_usd(costs["electrical"]["capex_usd"]),
+                 _FABRICS[1]: format_usd(costs["photonic"]["capex_usd"]), _FABRICS[2]: ""}]
+    ablation = [{"policy": r["policy"], "iteration_time_s": r["iteration_time_s"], "overhead": r["overhead"],
                  "reconfigurations / rail": r["reconfigurations_per_iteration"],
                  "round trips / rank": r["controller_round_trips_per_iteration"],
-                 **{f"{label} (s)": r["overhead_breakdown_s"][k] for k, label, _ in _OVERHEAD}}
-                for r in summary["ablation"]]
-    page.add(f"simulate: {summary['scenario']}", fig, _Table(headline, f"OCS delay {summary['reconfig_delay_s']} s, "
-                                                                      f"{summary['policy']}"),
+                 **{f"{label}_s": r["overhead_breakdown_s"][k] for k, label, _ in _OVERHEAD}}
+                for r in summary.get("ablation") or []]
+    delay = summary["reconfig_delay_s"]
+    page.add(f"simulate: {summary['scenario']}", fig,
+             _Table(headline, f"OCS delay {format_seconds(delay) if delay else 0}, {summary['policy']}"),
              over, _Table(ablation, "policy ablation"))
 
 
@@ -136,8 +150,8 @@ def _file_sweep(page: Page, sweep: dict) -> None:
             for c in ok:
                 if tuple(c["values"][f] for f in rest) == panel:
                     z[ys.index(c["values"][yf])][xs.index(c["values"][xf])] = c["metrics"]["overhead"] * 100
-            fig = go.Figure(go.Heatmap(z=z, x=[str(x) for x in xs], y=[str(y) for y in ys],
-                                       colorbar_title="overhead (%)"))
+            fig = go.Figure(go.Heatmap(x=[str(x) for x in xs], y=[str(y) for y in ys],
+                                       **percent_heatmap(z, title="overhead (%)")))
             where = ", ".join(f"{f} = {v}" for f, v in zip(rest, panel, strict=True))
             fig.update_layout(title=f"{sweep['name']}: overhead vs electrical rails{f' ({where})' if where else ''}",
                               xaxis_title=xf, yaxis_title=yf, xaxis_type="category", yaxis_type="category",
@@ -152,8 +166,6 @@ def _file_sweep(page: Page, sweep: dict) -> None:
 def _collective_study(page: Page, study: dict) -> None:
     """Per op and rank count, the reconfigurable fabric's speedup over the static ring (log2, blue: switching
     circuits wins) against message size and OCS delay, as the static heat maps."""
-    import math
-
     import plotly.graph_objects as go
 
     from lightrail.units import format_size
@@ -191,6 +203,26 @@ def _generic(page: Page, name: str, data) -> None:
               if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
     if scalars or tables:
         page.add(name, _Table(scalars) if scalars else None, *tables)
+
+
+def percent_heatmap(z: list[list[float | None]], *, title: str) -> dict:
+    """Heatmap arguments for percentages: a diverging scale centred on 0 (red: photonic slower), and where the
+    values span more than two decades a signed log scale (``sign(v) log10(1 + |v|)``, ticks in %) so that one
+    +35,569% cell does not wash the others out. The hover text shows each cell's own value."""
+    flat = [abs(v) for row in z for v in row if v is not None and math.isfinite(v)]
+    small = min((v for v in flat if v > 0), default=0.0)
+    text = [[format_percent(v / 100) if v is not None else "" for v in row] for row in z]
+    args = {"colorscale": "RdBu", "reversescale": True, "zmid": 0, "text": text,
+            "hovertemplate": "%{x}, %{y}: %{text}<extra></extra>"}
+    if not flat or max(flat) <= 100 * max(small, 0.01):
+        return args | {"z": z, "colorbar": {"title": title}}
+    log = [[None if v is None else math.copysign(math.log10(1 + abs(v)), v) for v in row] for row in z]
+    top = math.ceil(math.log10(1 + max(flat)))
+    ticks = [0.0] + [float(10**k) for k in range(0, top + 1)]
+    signed = sorted({t for t in ticks} | {-t for t in ticks if any(v is not None and v < 0 for r in z for v in r)})
+    return args | {"z": log, "colorbar": {"title": f"{title}, log scale",
+                                          "tickvals": [math.copysign(math.log10(1 + abs(t)), t) for t in signed],
+                                          "ticktext": [format_percent(t / 100) for t in signed]}}
 
 
 # ---- the page -----------------------------------------------------------------------------------------------
@@ -246,21 +278,19 @@ def _img(path: Path) -> str:
             f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
 
 
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6g}"
-    if isinstance(v, dict | list):
-        return html.escape(json.dumps(v))
-    return html.escape(str(v))
-
-
 def _table(t: _Table) -> str:
-    rows = list(t.rows)
+    """Rows of dicts as an HTML table, each column in one unit named in its heading (:func:`format_column`)."""
+    rows = list(t.rows)[:_MAX_ROWS]
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    note = f" (first {_MAX_ROWS} of {len(rows)} rows; all are in the JSON)" if len(rows) > _MAX_ROWS else ""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns) + "</tr>"
-                   for r in rows[:_MAX_ROWS])
+    note = f" (first {_MAX_ROWS} of {len(t.rows)} rows; all are in the JSON)" if len(t.rows) > _MAX_ROWS else ""
+    shown = []
+    for c in columns:
+        values = [r.get(c, "") for r in rows]
+        label, cells = format_column(str(c), [json.dumps(v) if isinstance(v, dict | list) else v for v in values])
+        shown.append((label, cells))
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in shown)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cells[i])}</td>" for _, cells in shown) + "</tr>"
+                   for i in range(len(rows)))
     caption = f"<caption>{html.escape(t.caption)}{note}</caption>" if t.caption or note else ""
     return f'<div class="table"><table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 

@@ -192,6 +192,23 @@ def plot_speedup_heatmaps(op: str, ranks: Sequence[int], sizes: Sequence[float],
     return _write(fig, path, dpi=110)
 
 
+def _percent_norm(values):
+    """A colour norm for percentages: diverging around 0 (red: photonic slower); symmetric-log when they span
+    more than two decades, so that one +35,569% cell does not wash out the rest. Returns it and a label suffix."""
+    import numpy as np
+    from matplotlib.colors import SymLogNorm, TwoSlopeNorm
+
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+    bound = max(abs(lo), abs(hi), 1e-9)
+    positive = np.abs(values[np.abs(values) > 0])
+    small = float(positive.min()) if positive.size else bound
+    if bound > 100 * max(small, 0.01):
+        return SymLogNorm(linthresh=max(small, 0.01), vmin=-bound if lo < 0 else 0.0, vmax=bound), ", log scale"
+    if lo < 0 < hi:
+        return TwoSlopeNorm(vcenter=0.0, vmin=lo, vmax=hi), ""
+    return TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -bound), vmax=max(hi, bound)), ""
+
+
 def plot_sweep_cells(rows: Sequence[dict], fields: Sequence[str], path: Path, *, title: str) -> Path:
     """A sweep file's overhead per cell: against the one swept field, or a heat map over the first two
     fields (one panel per combination of the others, at most six; the rest are left to the table)."""
@@ -229,10 +246,10 @@ def plot_sweep_cells(rows: Sequence[dict], fields: Sequence[str], path: Path, *,
                 grid[ys.index(r[yf]), xs.index(r[xf])] = r["overhead"] * 100
         grids.append(grid)
     finite = np.concatenate([g[np.isfinite(g)] for g in grids]) if grids else np.array([0.0])
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    norm, label = _percent_norm(finite)
     image = None
     for ax, panel, grid in zip(axes.ravel(), panels, grids, strict=False):
-        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=lo, vmax=hi)
+        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm)
         every_x, every_y = max(1, len(xs) // 10), max(1, len(ys) // 12)
         ax.set_xticks(range(0, len(xs), every_x), [str(x) for x in xs[::every_x]], rotation=45, fontsize=7)
         ax.set_yticks(range(0, len(ys), every_y), [str(y) for y in ys[::every_y]], fontsize=7)
@@ -243,7 +260,7 @@ def plot_sweep_cells(rows: Sequence[dict], fields: Sequence[str], path: Path, *,
     for ax in axes.ravel()[len(panels):]:
         ax.axis("off")
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.85).set_label("overhead vs electrical rails (%)")
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.85).set_label(f"overhead vs electrical rails (%{label})")
     fig.suptitle(title, fontsize=11)
     return _write(fig, path)
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lightrail.report.files import write_json
+from lightrail.report.format import ZERO_TIME, format_percent, format_usd, format_watts
 from lightrail.studies.rails import BREAKDOWN, DelaySweep, RailsComparison
 from lightrail.units import format_time
 
@@ -20,9 +21,14 @@ _PARTS = (("compute_s", "compute"), ("communication_s", "exposed communication")
 
 def signed_time(seconds: float) -> str:
     """``+1.2ms``, ``-3us``, or ``0`` below half a nanosecond (a sum of differences is rarely exactly 0)."""
-    if abs(seconds) < 5e-10:
+    if abs(seconds) < ZERO_TIME:
         return "0"
     return ("-" if seconds < 0 else "+") + format_time(abs(seconds))
+
+
+def _time(seconds: float) -> str:
+    """A time in a table: ``format_time``, or ``0`` below half a nanosecond (float rounding, not a stall)."""
+    return "0" if abs(seconds) < ZERO_TIME else format_time(seconds)
 
 
 def _delay(seconds: float) -> str:
@@ -57,14 +63,14 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
     table.add_column("electrical rails", justify="right")
     table.add_column(f"photonic rails ({format_time(built.fabric.reconfig_delay)})", justify="right")
     table.add_row("iteration time", format_time(e["iteration_time_s"]), format_time(p["iteration_time_s"]))
-    table.add_row("overhead", "-", f"{result.overhead * 100:+.2f}%")
+    table.add_row("overhead", "-", format_percent(result.overhead))
     for key, label in _PARTS:
-        table.add_row(f"  {label}", format_time(e[key]), format_time(p[key]))
+        table.add_row(f"  {label}", _time(e[key]), _time(p[key]))
     table.add_row("reconfigurations / iteration / rail", "0", f"{result.reconfigurations_per_iteration:.1f}")
     table.add_row("controller round trips / iteration / rank", "0",
                   f"{result.controller_round_trips_per_iteration:.1f}")
-    table.add_row("rail network power", f"{ce['power_w'] / 1e3:,.1f} kW", f"{cp['power_w'] / 1e3:,.1f} kW")
-    table.add_row("rail network cost", f"${ce['capex_usd'] / 1e6:,.2f}M", f"${cp['capex_usd'] / 1e6:,.2f}M")
+    table.add_row("rail network power", format_watts(ce["power_w"]), format_watts(cp["power_w"]))
+    table.add_row("rail network cost", format_usd(ce["capex_usd"]), format_usd(cp["capex_usd"]))
     table.add_row("electrical / photonic", "", f"power {result.power_ratio:.1f}x, cost {result.cost_ratio:.2f}x")
     console.print(table)
     mode = str(built.policy.mode)
@@ -75,7 +81,7 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
     for col in ("policy", *(lbl for _, lbl in BREAKDOWN)):
         split.add_column(col, justify="left" if col == "policy" else "right")
     for row in result.ablation:
-        ablation.add_row(row.policy, format_time(row.iteration_time_s), f"{row.overhead * 100:+.2f}%",
+        ablation.add_row(row.policy, format_time(row.iteration_time_s), format_percent(row.overhead),
                          f"{row.reconfigurations_per_iteration:.1f}",
                          f"{row.controller_round_trips_per_iteration:.1f}")
         split.add_row(row.policy, *(signed_time(row.overhead_breakdown_s[k]) for k, _ in BREAKDOWN))
@@ -122,7 +128,7 @@ def print_sweep(result: DelaySweep, console: Console, out_dir: Path, *, fmt: str
         cells = []
         for policy, mode in columns:
             run = result.run(policy, mode, d)
-            cells.append(f"{run.overhead * 100:+.2f}% ({run.reconfigurations_per_iteration:.0f})")
+            cells.append(f"{format_percent(run.overhead)} ({run.reconfigurations_per_iteration:.0f})")
         table.add_row(_delay(d), *cells)
     console.print(table)
     mode = str(result.built.policy.mode)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lightrail.report.files import write_atomic, write_json, write_text
+from lightrail.report.format import format_percent
 from lightrail.report.plots import plot_sweep_cells
 from lightrail.studies.sweep import SweepResult
 from lightrail.units import format_time
@@ -74,7 +75,7 @@ def print_file_sweep(result: SweepResult, console: Console, written: list[Path])
             m = cell.metrics
             table.add_row(label, *(str(cell.values.get(f, "")) for f in result.fields),
                           format_time(m["iteration_time_s"]), format_time(m["baseline_iteration_time_s"]),
-                          f"{m['overhead'] * 100:+.2f}%")
+                          format_percent(m["overhead"]))
     console.print(table)
     for cell in result.failed[:5]:
         console.print(f"cell {cell.cell} failed ({', '.join(f'{k}={v}' for k, v in cell.values.items())}): "
