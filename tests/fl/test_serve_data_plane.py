@@ -121,7 +121,7 @@ def test_serve_replaces_a_killed_leaf_with_its_state_and_stops_clean(tmp_path, g
             assert http.get(f"{root}/stats").json()["jobs"]["t"]["pending"] == 0
             os.kill(info["pids"]["leaves"][0], signal.SIGKILL)
             e = _replaced(log, "leaf", 0)
-            assert e["exit_code"] == -signal.SIGKILL and e["url"] != leaf0
+            assert e["exit_code"] == -signal.SIGKILL and e["url"] == leaf0  # it listens where leaf 0 did
             pids.append(e["new_pid"])
             new0 = e["url"]
             st = http.get(f"{new0}/stats").json()

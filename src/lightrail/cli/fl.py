@@ -89,6 +89,13 @@ def fl_demo_cmd(
     round_timeout: Annotated[str | None, typer.Option(
         "--round-timeout", help="A round not complete this long after it opened fails and runs again, e.g. 5s.",
         show_default=False)] = None,
+    kill: Annotated[str | None, typer.Option(
+        "--kill", help="SIGKILL this process of fl serve mid-run (with --kill-at-round): job_manager, load_balancer, "
+        "scheduler, client_manager, leaf, postgres, postgres_backend; it is replaced at the same address.",
+        show_default=False)] = None,
+    kill_at_round: Annotated[int | None, typer.Option(
+        "--kill-at-round", help="Round (0-based) whose first accepted result triggers --kill.",
+        show_default=False)] = None,
     json_out: JsonOut = False,
 ):
     """Start the control plane and parameter servers, emulate clients checking in through the load balancer and
@@ -115,7 +122,8 @@ def fl_demo_cmd(
     result = demo(clients=clients, jobs=jobs, policy=policy, seed=seed, rounds=rounds,
                   client_managers=client_managers, concurrency=concurrency, time_scale=time_scale, leaves=leaves,
                   model_dim=model_dim, kill_leaf_at_round=kill_leaf_at_round, over_selection=over_selection,
-                  round_timeout_s=_fl_time(round_timeout, "--round-timeout", "5s"))
+                  round_timeout_s=_fl_time(round_timeout, "--round-timeout", "5s"), kill=kill,
+                  kill_at_round=kill_at_round)
     if json_out:
         print_json(result)
     else:

