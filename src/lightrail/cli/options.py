@@ -19,6 +19,15 @@ import typer
 from lightrail.cli.app import err, given_on_command_line
 from lightrail.defaults import ALPHA, HOP_LATENCY, NIC_BANDWIDTH, NVLINK_BANDWIDTH, TOPOLOGIES, Kind, Mode
 from lightrail.errors import ScenarioError, UnsupportedError
+from lightrail.limits import (
+    MAX_RANGE,
+    MAX_VALUES,
+    check_count,
+    check_fits,
+    check_values,
+    memory_budget,
+    range_values,
+)
 from lightrail.units import format_time, parse_rate, parse_size, parse_time
 
 if TYPE_CHECKING:
@@ -88,23 +97,23 @@ def check_ranks(n: int, *, field: str = "--ranks") -> int:
     return n
 
 
-MAX_RANGE = 65_536
-"""Most values a ``lo..hi`` range may list (each is a case to compute); checked before the list is made."""
-
-
-def _list_or_range(text: str, read: Callable[[str], T], *, field: str, fix: str, doubling: bool) -> list[T]:
-    """``lo..hi`` or a comma list, each item read by ``read``; a range steps by one, or doubles from ``lo``."""
+def _list_or_range(text: str, read: Callable[[str], T], *, field: str, fix: str, doubling: bool,
+                   limit: int = MAX_VALUES) -> list[T]:
+    """``lo..hi`` or a comma list, each item read by ``read``; a range steps by one (at most
+    :data:`~lightrail.limits.MAX_RANGE` values) or doubles from ``lo``; a list, or a doubling range, holds at most
+    ``limit`` values. Every count is checked before the list is made (``lightrail.limits``)."""
     if ".." in text:
         lo, hi = (read(x.strip()) for x in text.split("..", 1))
-        if not 0 < lo <= hi:
+        if not 0 < lo <= hi or (isinstance(hi, float) and not math.isfinite(hi)):
             raise ScenarioError(f"{text!r} is not an increasing range", field=field, fix=fix)
-        if not doubling and hi - lo >= MAX_RANGE:
-            raise ScenarioError(f"{text!r} lists {hi - lo + 1:,} values, more than {MAX_RANGE:,}", field=field,
-                                fix=fix)
         if doubling:
-            return [lo * 2**k for k in range(int(math.floor(math.log2(hi / lo) + 1e-9)) + 1)]
-        return list(range(lo, hi + 1))
-    values = [read(x.strip()) for x in text.split(",") if x.strip()]
+            count = int(math.floor(math.log2(hi) - math.log2(lo) + 1e-9)) + 1  # log2 of each: ints may be huge
+            check_values(count, field=field, limit=limit, what="values in the range")
+            return [lo * 2**k for k in range(count)]
+        return list(range_values(lo, hi, field=field, fix=fix))
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    check_values(len(items), field=field, limit=limit)
+    values = [read(x) for x in items]
     if not values:
         raise ScenarioError(f"{text!r} lists nothing", field=field, fix=fix)
     return values
@@ -123,7 +132,8 @@ def _whole(field: str, what: str, fix: str) -> Callable[[str], int]:
 def parse_rank_range(text: str, *, field: str = "--ranks") -> list[int]:
     """Rank counts: ``8``, ``2..64`` (every count in between) or ``4,8,16``; each 2 or more."""
     fix = "e.g. 8, 2..64 or 4,8,16"
-    ranks = _list_or_range(text, _whole(field, "a rank count", fix), field=field, fix=fix, doubling=False)
+    ranks = _list_or_range(text, _whole(field, "a rank count", fix), field=field, fix=fix, doubling=False,
+                           limit=MAX_RANGE)
     for n in ranks:
         check_ranks(n, field=field)
     return ranks
@@ -148,8 +158,10 @@ def parse_sizes(text: str, *, field: str = "--sizes") -> list[float]:
 
 
 def parse_times(text: str, field: str) -> list[float]:
-    """A comma list of times, ``0,10ms,1s``, in the order given."""
-    times = [parse_time(t, field=field) for t in text.split(",") if t.strip()]
+    """A comma list of times, ``0,10ms,1s``, in the order given; at most :data:`~lightrail.limits.MAX_VALUES`."""
+    items = [t for t in text.split(",") if t.strip()]
+    check_values(len(items), field=field, what="times")
+    times = [parse_time(t, field=field) for t in items]
     if not times:
         raise ScenarioError(f"{text!r} lists no time", field=field, fix="e.g. 0,10ms,100ms")
     return times
@@ -213,38 +225,6 @@ FAT_TREE_BYTES_PER_RANK2 = 4
 BYTES_PER_RANK_CHUNK = 700
 """Peak bytes per rank x pipeline chunk of a pipelined tree: 4.2 GB for double-binary-tree at 64 ranks x
 100,000 chunks (measured, ru_maxrss)."""
-
-
-def memory_budget() -> int:
-    """Bytes one command may plan to hold: half of this machine's physical memory (the rest is the OS's,
-    the interpreter's and other processes'), or ``LIGHTRAIL_MEMORY_BUDGET`` bytes if set (tests pin it, so
-    what is refused does not depend on the machine)."""
-    import os
-
-    pinned = os.environ.get("LIGHTRAIL_MEMORY_BUDGET", "").strip()
-    if pinned.isdigit():
-        return int(pinned)
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
-def check_count(n: int, *, field: str, lo: int = 1, hi: int, what: str = "") -> int:
-    """An integer option within ``lo..hi``; the error names ``field`` and the range."""
-    if not lo <= n <= hi:
-        side = "too few" if n < lo else "too many"
-        raise ScenarioError(f"{n}{' ' + what if what else ''} is {side}", field=field, fix=f"use {lo}..{hi:,}")
-    return n
-
-
-def check_fits(nbytes: float, *, field: str, value, fix: str) -> None:
-    """Refuse work whose estimated peak memory exceeds :func:`memory_budget`, naming the option to shrink."""
-    budget = memory_budget()
-    if nbytes > budget:
-        raise ScenarioError(f"{value} needs about {nbytes / 2**30:,.0f} GiB, more than the memory budget of "
-                            f"{budget / 2**30:,.0f} GiB (half this machine's memory; LIGHTRAIL_MEMORY_BUDGET sets "
-                            "it)", field=field, fix=fix)
 
 
 def check_collective_size(kind, name: str, n: int, *, pipeline: int = 1, field: str = "--ranks") -> None:
@@ -367,9 +347,8 @@ OcsDelayOverride = Annotated[str | None, typer.Option("--ocs-delay", help="Overr
 ModeOpt = Annotated[str | None, typer.Option("--mode", help="Override the OCS mode: on-demand or provisioned.")]
 
 
-MAX_SWEEP_POINTS = 1000
-"""Most values one list option may hold (delays, cluster sizes): each is a row of every table and a point of
-every plot, and each costs a model evaluation or a simulation."""
+MAX_SWEEP_POINTS = MAX_VALUES
+"""Most values one list option may hold (``lightrail.limits.MAX_VALUES``, the bound every list parser applies)."""
 MAX_GPUS = 65_536
 """Most GPUs a scenario may have: a Llama-3 70B job on 65,536 GPUs simulates in ~5 minutes here (measured:
 16,384 GPUs 41 s, 65,536 GPUs 303 s and 1.4 GB, 16 micro-batches)."""

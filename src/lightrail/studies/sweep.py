@@ -31,6 +31,7 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from lightrail.errors import ScenarioError
+from lightrail.limits import check_grid, range_values
 
 __all__ = ["METRICS", "Sweep", "CellResult", "SweepResult", "parse_sweep", "load_sweep", "is_sweep_file",
            "run_cell", "run_cells", "run_sweep"]
@@ -144,17 +145,16 @@ def _coerce(annotation: Any, value: Value) -> Value:
     return value
 
 
-def _values(raw: Any, where: str) -> list[Value]:
-    """A list of scalars, or ``lo..hi`` (integers, every one in between)."""
+def _values(raw: Any, where: str) -> list[Value] | range:
+    """A list of scalars, or ``lo..hi`` (integers, every one in between: a ``range``, bounded from its ends by
+    ``limits.MAX_RANGE`` and made into values only once the whole grid is known to be within bounds)."""
     if isinstance(raw, str) and ".." in raw:
         lo, _, hi = raw.partition("..")
         try:
             lo_i, hi_i = int(lo), int(hi)
         except ValueError:
             raise ScenarioError(f"cannot read {raw!r} as an integer range", field=where, fix="e.g. 1..25") from None
-        if lo_i > hi_i:
-            raise ScenarioError(f"{raw!r} is not an increasing range", field=where, fix="e.g. 1..25")
-        return list(range(lo_i, hi_i + 1))
+        return range_values(lo_i, hi_i, field=where, fix="e.g. 1..25")
     if not isinstance(raw, list) or not raw:
         raise ScenarioError(f"{raw!r} is not a list of values", field=where, fix="e.g. [0, 1ms, 10ms] or 1..25")
     for v in raw:
@@ -196,13 +196,16 @@ def parse_sweep(data: Any, *, base: Path | None = None, source: str = "sweep") -
     grid = data.get("grid") or {}
     if not isinstance(grid, dict):
         raise ScenarioError("grid must map fields to lists of values", field="grid", fix=_FIX)
-    axes = []
+    raw_axes = []
     for path, raw in grid.items():
-        annotation = _scenario_field(str(path), f"grid.{path}")
-        axes.append((str(path), [_coerce(annotation, v) for v in _values(raw, f"grid.{path}")]))
+        raw_axes.append((str(path), _scenario_field(str(path), f"grid.{path}"), _values(raw, f"grid.{path}")))
     listed = data.get("list") or [{}]
     if not isinstance(listed, list) or not all(isinstance(c, dict) for c in listed):
         raise ScenarioError("list must be a list of mappings {field: value}", field="list", fix=_FIX)
+    # the whole grid is bounded from its axes' lengths before any cell (or any range's values) is made
+    check_grid([len(v) for _, _, v in raw_axes] + [len(listed)], field="grid" if grid else "list",
+               what="sweep cells (grid product x listed cells)")
+    axes = [(path, [_coerce(annotation, v) for v in values]) for path, annotation, values in raw_axes]
     for i, cell in enumerate(listed):
         for path, v in cell.items():
             annotation = _scenario_field(str(path), f"list[{i}].{path}")
