@@ -52,7 +52,10 @@ def check_count(n: int, *, field: str, lo: int = 1, hi: int, what: str = "", fix
     other helper here goes through)."""
     if not lo <= n <= hi:
         side = f"too few (at least {lo:,})" if n < lo else f"too many (at most {hi:,})"
-        raise ScenarioError(f"{show_count(n)}{' ' + what if what else ''} is {side}",
+        shown = show_count(n)
+        if what:
+            shown += f" of {what}" if shown.startswith("a ") else f" {what}"
+        raise ScenarioError(f"{shown} is {side}",
                             field=field, fix=fix or f"use {lo:,}..{hi:,}")
     return n
 

@@ -412,6 +412,11 @@ def _model(spec: str | ModelSection, base: Path | None) -> ModelSpec:
         return model.with_(**spec.overrides) if spec.overrides else model
     except TypeError as e:
         raise ScenarioError(str(e), field="model.overrides") from None
+    except LightrailError as e:  # a bad override is named as the scenario spells it: model.overrides.layers
+        key = (e.field or "").removeprefix("model.")
+        if key in spec.overrides:
+            e.field = f"model.overrides.{key}"
+        raise
 
 
 DEFAULT_SCENARIO: dict = {

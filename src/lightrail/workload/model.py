@@ -18,12 +18,25 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from lightrail.errors import ScenarioError
+from lightrail.limits import check_count
 
-__all__ = ["ModelSpec", "PRESETS", "preset"]
+__all__ = ["ModelSpec", "MODEL_BOUNDS", "PRESETS", "preset"]
 
 _POSITIVE = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq_len", "dtype_bytes")
 _NON_NEGATIVE = ("head_dim", "experts", "top_k", "moe_ffn", "shared_experts", "dense_layers", "q_lora_rank",
                  "kv_lora_rank", "rope_head_dim")
+
+
+_WIDE = 1 << 20
+MODEL_BOUNDS = {"layers": 16_384, "hidden": _WIDE, "ffn": _WIDE, "moe_ffn": _WIDE, "head_dim": _WIDE,
+                "kv_lora_rank": _WIDE, "q_lora_rank": _WIDE, "rope_head_dim": _WIDE, "vocab": 1 << 24,
+                "seq_len": 1 << 24, "heads": 1 << 16, "kv_heads": 1 << 16, "experts": 1 << 16, "top_k": 1 << 16,
+                "shared_experts": 1 << 16, "dense_layers": 16_384, "dtype_bytes": 16}
+"""Largest value of each size field: what one simulation can hold. The iteration is built and simulated layer by
+layer (~40 us per layer: 1,000,000 layers take 42 s, 10^9 hours), so ``layers`` is bounded at 128x the deepest
+preset (Llama-3 405B, 126). Widths are bounded at 64x the widest preset (hidden 16,384), vocab and seq_len at 2^24,
+heads and experts at 2^16 (DeepSeek-V3 has 256 experts): every count stays exact (parameters at most ~10^18, below
+2^63) and readable, where an unbounded integer printed a 4,000-digit parameter count."""
 
 
 def _count(value: object, field: str, *, minimum: int) -> int:
@@ -93,6 +106,8 @@ class ModelSpec:
             raise ScenarioError(f"{self.name!r} is not a name", field="model.name", fix="give a non-empty string")
         for key in _POSITIVE + _NON_NEGATIVE:
             value = _count(getattr(self, key), f"model.{key}", minimum=1 if key in _POSITIVE else 0)
+            check_count(value, field=f"model.{key}", lo=value, hi=MODEL_BOUNDS[key], what=key,
+                        fix="one simulation holds no more (docs/limits.md)")
             object.__setattr__(self, key, value)
         for key in ("gated_mlp", "tied_embeddings"):
             if not isinstance(getattr(self, key), bool):
