@@ -41,6 +41,9 @@ def controller_serve_cmd(
     = None,
     hello_timeout: Annotated[str | None, typer.Option(
         "--hello-timeout", help="A connection that says no hello this long is closed (default 5s).")] = None,
+    rejoin_timeout: Annotated[str | None, typer.Option(
+        "--rejoin-timeout", help="A rank whose connection closed without bye is failed if it says no hello again "
+        "this long (default: the heartbeat timeout + 2s); a close alone may be a rank reconnecting.")] = None,
     max_connections: Annotated[int | None, typer.Option(
         "--max-connections", help="Rank connections at once (default 4096, capped by the fd limit).")] = None,
     frontend: Annotated[str | None, typer.Option(
@@ -65,7 +68,8 @@ def controller_serve_cmd(
         if not 0 <= v <= 65535:
             raise ScenarioError(f"{v} is not a TCP port", field=f"--{flag.replace('_', '-')}", fix="use 0..65535")
     for flag, name, text in (("--heartbeat-timeout", "heartbeat_timeout", heartbeat_timeout),
-                             ("--hello-timeout", "hello_timeout", hello_timeout)):
+                             ("--hello-timeout", "hello_timeout", hello_timeout),
+                             ("--rejoin-timeout", "rejoin_timeout", rejoin_timeout)):
         if text is not None:
             seconds = parse_time(text, field=flag)
             if not 0 < seconds <= 3600:

@@ -38,18 +38,17 @@ def _leases(flag: bool | None) -> bool:
     return True
 
 
-def parse_kill_steps(values: list[str] | None) -> tuple[int, ...]:
-    """``--kill-controller-at-step``, given several times or as a comma list, as whole steps; the range and
-    order are the library's to check (``photonic_demo._kills``), against the run's ``--steps``."""
+def parse_kill_steps(values: list[str] | None, flag: str = "--kill-controller-at-step") -> tuple[int, ...]:
+    """``--kill-controller-at-step`` (or ``flag``), given several times or as a comma list, as whole steps; the
+    range and order are the library's to check (``photonic_demo._kills``), against the run's ``--steps``."""
     steps = []
     for value in values or ():
         for part in value.split(","):
             try:
                 steps.append(int(part.strip()))
             except ValueError:
-                raise ScenarioError(f"{part.strip()!r} is not a step", field="--kill-controller-at-step",
-                                    fix="give whole steps, e.g. --kill-controller-at-step 3 "
-                                        "--kill-controller-at-step 9 (or 3,9)") from None
+                raise ScenarioError(f"{part.strip()!r} is not a step", field=flag,
+                                    fix=f"give whole steps, e.g. {flag} 3 {flag} 9 (or 3,9)") from None
     return tuple(steps)
 
 
@@ -82,6 +81,13 @@ def train_demo_cmd(
                                                                       "--kill-at-step (JSON: recovery).")] = None,
     kill_at_step: Annotated[int | None, typer.Option("--kill-at-step", help="The step at whose start "
                                                                             "--kill-rank dies.")] = None,
+    pause_controller_at_step: Annotated[list[str] | None, typer.Option(
+        "--pause-controller-at-step", metavar="STEP[,STEP...]",
+        help="Freeze the controller (SIGSTOP) for --pause-for once training completed this many steps, then let "
+             "it run on (SIGCONT): no rank may fail for it (JSON: controller_pauses, failovers). Repeatable, or a "
+             "comma list, ascending.")] = None,
+    pause_for: Annotated[str, typer.Option("--pause-for", help="How long each --pause-controller-at-step "
+                                                                "freezes the controller, e.g. 5s.")] = "5s",
     as_json: JsonOut = False,
 ):
     """Train a small GPT (TP x PP x DP, CPU processes) on plain gloo and on emulated photonic rails
@@ -98,11 +104,14 @@ def train_demo_cmd(
     delay = parse_time(ocs_delay, field="--ocs-delay")
     policy = replace(DEMO_POLICY, mode=parse_mode(mode), leases=_leases(leases))  # the mode is parsed here, once
     kill_steps = parse_kill_steps(kill_controller_at_step)
+    pause_steps = parse_kill_steps(pause_controller_at_step, "--pause-controller-at-step")
+    pause_s = parse_time(pause_for, field="--pause-for")
     with progress_steps(2, "train-demo", as_json) as step:
         result = run_photonic_demo(config, ocs_delay_s=delay, policy=policy, gpus_per_server=gpus_per_server,
                                    progress=step,
                                    kill_controller_at_step=kill_steps, spares=spares, kill_rank=kill_rank,
-                                   kill_at_step=kill_at_step)
+                                   kill_at_step=kill_at_step, pause_controller_at_step=pause_steps,
+                                   pause_for_s=pause_s)
     wrote = write_train_demo(result, out_dir, fmt=fmt) if writes_files(as_json) else []
     if as_json:
         print_json(result.to_dict())

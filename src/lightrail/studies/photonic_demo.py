@@ -35,8 +35,8 @@ from lightrail.runtime import torch_backend
 from lightrail.runtime.controller.server import require_service
 from lightrail.studies.train_demo import DemoConfig, FailoverRun, Failure, run_demo, run_failover_demo
 
-__all__ = ["start_controller", "register_job", "ControllerKiller", "run_photonic_demo", "predicted_overhead",
-           "calibrated_peak_tflops", "Prediction", "PhotonicDemoResult", "Row"]
+__all__ = ["start_controller", "register_job", "ControllerKiller", "ControllerPauser", "run_photonic_demo",
+           "predicted_overhead", "calibrated_peak_tflops", "Prediction", "PhotonicDemoResult", "Row"]
 
 
 def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, timeout: float = 30.0, port: int = 0,
@@ -198,6 +198,59 @@ class ControllerKiller:
                 pass
             if self._stop.wait(0.01):
                 return False
+
+
+class ControllerPauser:
+    """Freezes the controller (SIGSTOP) once rank 0 completed ``at[i]`` steps, for ``pause_s`` seconds, then lets
+    it run on (SIGCONT): a GC pause, a VM stall or a brief partition, which must not fail any rank (issue 31).
+
+    A thread of the launcher, like :class:`ControllerKiller`; ``proc`` returns the controller process now (the
+    killer's, when both run). The controller is always continued on exit, so a stop never outlives the run."""
+
+    def __init__(self, proc, at: tuple[int, ...], pause_s: float, reached):
+        self.proc, self.at, self.pause_s, self.reached = proc, at, pause_s, reached
+        self.pauses = 0
+        self.error: BaseException | None = None
+        self._stopped = None  # the process under SIGSTOP now
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-pauser", daemon=True)
+
+    def __enter__(self) -> ControllerPauser:
+        if self.at:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.at:
+            self._thread.join(60)
+        self._resume()
+
+    def _resume(self) -> None:
+        with self._lock:
+            proc, self._stopped = self._stopped, None
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+
+    def _run(self) -> None:
+        try:
+            for step in self.at:
+                while self.reached.value < step:
+                    if self._stop.wait(0.002):
+                        return
+                with self._lock:
+                    proc = self.proc()
+                    if proc.poll() is not None:
+                        return
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    self._stopped = proc
+                self.pauses += 1
+                self._stop.wait(self.pause_s)
+                self._resume()
+        except BaseException as e:  # noqa: BLE001 (raised by the launcher once training ends)
+            self.error = e
+            self._resume()
 
 
 DEMO_POLICY = Policy(split_pp=False)
@@ -403,6 +456,10 @@ class PhotonicDemoResult:
     its in-memory counters (grants, revocations, latencies) restart from zero each time."""
     spares: int = 0
     """Idle spare processes the job started with (``--spares``)."""
+    controller_pauses: int = 0
+    """Times the controller was frozen (SIGSTOP, ``--pause-controller-at-step``) and continued."""
+    failovers: float = 0.0
+    """Failovers to a spare, summed over the controller's incarnations (its persisted counter)."""
     recovery: dict | None = None
     """With ``--kill-rank``: ``detect_s``, ``rewire_s``, ``rebuild_s``, ``restore_s``, ``first_step_s`` (from the
     kill), ``steps_lost``, ``checkpoint_step``, ``losses_match_uninterrupted`` (the losses after the checkpoint
@@ -456,7 +513,9 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
                       gpus_per_server: int | None = None, workdir: Path | None = None,
                       progress=lambda what: None, kill_controller_at_step: int | Sequence[int] = (),
                       kill_controller_after_s: float | Sequence[float] = 0.0, spares: int = 0,
-                      kill_rank: int | None = None, kill_at_step: int | None = None) -> PhotonicDemoResult:
+                      kill_rank: int | None = None, kill_at_step: int | None = None,
+                      pause_controller_at_step: int | Sequence[int] = (), pause_for_s: float = 5.0,
+                      ) -> PhotonicDemoResult:
     """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare with
     ``simulate`` for the same job, its compute calibrated on the gloo run. ``policy`` (mode, leases) is
     planned once (:func:`demo_plan`); the backend and the prediction execute that one Plan.
@@ -477,12 +536,17 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     a kill that falls due during a failover waits until rank 0 completed the failed step again. A kill may come
     before ``kill_at_step`` too: the ranks' requests still on the wire when the failover push reaches them are
     given back (``ControllerClient.interrupt``), so a hold from before the restart's resync does not hold the
-    rebuilt job's first round."""
+    rebuilt job's first round.
+
+    ``pause_controller_at_step`` (one step or several, ascending): once rank 0 completed that many steps, the
+    controller is frozen (SIGSTOP) for ``pause_for_s`` seconds and continued (:class:`ControllerPauser`); no
+    rank may fail for it (``controller_pauses``, ``failovers``)."""
     g = gpus_per_server or config.tp
     if g < 1 or config.world % g:
         raise ScenarioError(f"{config.world} ranks do not fill servers of {g}", field="--gpus-per-server",
                             fix=f"use a divisor of {config.world}")
     kills, after_s = _kills(config, kill_controller_at_step, kill_controller_after_s)
+    pauses = _pauses(config, pause_controller_at_step, pause_for_s)
     failure = _failure(config, spares, kill_rank, kill_at_step)
     require_service("fastapi", "uvicorn", "httpx")  # the controller's admin API, read here: fail before training
     plan = demo_plan(config, gpus_per_server=g, policy=policy)  # the one Plan: the runtime's and the model's
@@ -509,8 +573,9 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
             killer = ControllerKiller(proc, info, functools.partial(start, restart=True), kills, after_s, reached,
                                       gate=gate, failure_step=None if failure is None else failure.step,
                                       processes=config.world + spares)
-            on_step = functools.partial(_reached, reached) if kills else None
-            with killer:
+            on_step = functools.partial(_reached, reached) if kills or pauses else None
+            pauser = ControllerPauser(lambda: killer.proc, pauses, pause_for_s, reached)
+            with killer, pauser:
                 if elastic:
                     photonic = run_failover_demo(
                         config, spares=spares, failure=failure, backend="lightrail", init=init, on_step=on_step,
@@ -519,8 +584,9 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
                 else:  # a third replica: the lightrail process group with no controller (the wrapper's own cost)
                     photonic = run_demo(config, backend="lightrail", init=functools.partial(_setup_with_bare, backend),
                                         baseline=("gloo", BARE), block=_BLOCK, on_step=on_step)
-            if killer.error is not None:
-                raise killer.error
+            for thread in (killer, pauser):
+                if thread.error is not None:
+                    raise thread.error
             proc, info = killer.proc, killer.info
             plain = run_demo(config).main if isinstance(photonic, FailoverRun) else photonic.baseline
             metrics = _metrics(info["admin_port"])
@@ -579,6 +645,8 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
         predicted=predicted,
         controller_startup_s=info.get("startup_s"),
         controller_restarts=killer.restarts,
+        controller_pauses=pauser.pauses,
+        failovers=metrics.get("lightrail_failovers_total", 0.0),
         spares=spares,
         recovery=_recovery(photonic, plain),
         wrapper_overhead_s=wrapper,
@@ -666,3 +734,19 @@ def _kills(config: DemoConfig, at: int | Sequence[int], after_s: float | Sequenc
         raise ScenarioError(f"kill_controller_after_s {after_s!r}: one delay (0..60 s) per kill",
                             field="kill_controller_after_s")
     return at, tuple(float(a) for a in after_s)
+
+
+def _pauses(config: DemoConfig, at: int | Sequence[int], pause_s: float) -> tuple[int, ...]:
+    """``pause_controller_at_step`` as a tuple of steps, checked with ``pause_for_s``."""
+    at = (at,) if isinstance(at, int) else tuple(at)
+    for s in at:
+        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s < config.steps:
+            raise ScenarioError(f"cannot pause the controller at step {s!r} of {config.steps}",
+                                field="--pause-controller-at-step", fix=f"a step in 1..{config.steps - 1}")
+    if list(at) != sorted(at):
+        raise ScenarioError(f"pause steps {list(at)} are not in order", field="--pause-controller-at-step",
+                            fix="give the steps in ascending order")
+    if isinstance(pause_s, bool) or not isinstance(pause_s, int | float) or not 0 < pause_s <= 600:
+        raise ScenarioError(f"--pause-for {pause_s!r} s must be more than 0 and at most 600 s", field="--pause-for",
+                            fix="e.g. --pause-for 5s")
+    return at

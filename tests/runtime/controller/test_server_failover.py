@@ -1,7 +1,7 @@
-"""Failover through the real server: a rank whose connection closes without bye (or goes silent) is failed,
-the job's connected ranks get ``failover`` pushed, and the spare's connection is re-bound to the failed rank:
-it says hello again as that rank, with the same token and its own ports, and then speaks for it (not for its
-old spare id). Without a spare left, ``dead`` is pushed."""
+"""Failover through the real server: a rank whose connection closes without bye and that says no hello again within
+``rejoin_timeout`` (or goes silent) is failed, the job's connected ranks get ``failover`` pushed, and the spare's
+connection is re-bound to the failed rank: it says hello again as that rank, with the same token and its own
+ports, and then speaks for it (not for its old spare id). Without a spare left, ``dead`` is pushed."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Raw:
 
 
 def _setup(spawn, tmp_path, spares: int):
-    _, info = spawn(tmp_path / "c.db", "--heartbeat-timeout", "10min")
+    _, info = spawn(tmp_path / "c.db", "--heartbeat-timeout", "10min", "--rejoin-timeout", "200ms")
     admin = f"http://{info['host']}:{info['admin_port']}"
     auth = {"Authorization": f"Bearer {info['operator_token']}"}
     r = httpx.post(f"{admin}/jobs", json={"job": "j", "world": 2, "spares": spares}, headers=auth, timeout=10)

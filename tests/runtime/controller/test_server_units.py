@@ -134,11 +134,16 @@ def test_failover_rebinds_the_spares_connection(make, hello):
         assert conns[2].writer.out == [{"op": "revoke"}] and conns[1].writer.out == []
         server.fail(conns[1], "again")  # already failed: nothing more
         assert calls == [("j", 1)]
-        # silence: the sweep fails a bound rank and closes its connection
-        server.clock = lambda: c.config.heartbeat_timeout + 1.0
+        # silence of every rank: this process's network is the suspect, nobody is failed (issue 31)
+        now = c.config.heartbeat_timeout + 1.0
+        server.clock = lambda: now
         c.rank_failed = lambda job, rank: calls.append((job, rank)) or {"failover": False}
         server.sweep()
-        assert sorted(calls[1:]) == [("j", 0), ("j", 1)] and conns[0].writer.closed and conns[2].writer.closed
+        assert calls[1:] == [] and not conns[0].writer.closed
+        # rank 1 (the spare's connection) is heard: silent rank 0 is failed and its connection closed
+        conns[2].last_seen = now
+        server.sweep()
+        assert calls[1:] == [("j", 0)] and conns[0].writer.closed and not conns[2].writer.closed
 
     asyncio.run(run())
 
@@ -192,6 +197,7 @@ def test_a_rank_whose_heartbeat_waits_unread_is_not_failed(make, hello):
         assert failed == [] and conn.last_seen == 100.0 and not conn.writer.closed
         mine.recv(100)
         server.clock = lambda: 200.0
+        server.swept = 200.0 - server.period()  # the sweeper ran on time (a late one would be a pause of ours)
         server.sweep()
         assert failed == [("j", 0)] and conn.writer.closed
         mine.close()

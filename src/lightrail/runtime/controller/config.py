@@ -7,6 +7,8 @@ A YAML or JSON file (``lightrail controller serve --config FILE``)::
     admin_port: 7601    # HTTP admin API; 0 picks a free port
     heartbeat_timeout: 2s   # a hello'd rank silent this long is failed (spare failover, or disconnect)
     hello_timeout: 5s       # a connection that never says hello is closed after this
+    rejoin_timeout: 4s      # a rank whose connection closed without bye is failed unless it says hello again
+                            # this soon (default: heartbeat_timeout + 2 s)
     max_connections: 4096   # rank connections at once; one more gets an error line and is closed
     devices:
       - {name: rail0, driver: emulated, ports: 64, delay: 10ms}
@@ -63,6 +65,10 @@ class ControllerConfig(_Strict):
     heartbeat_timeout: float = Field(2.0, gt=0)
     hello_timeout: float = Field(5.0, gt=0)
     idle_timeout: float | None = Field(None, gt=0)  # a hello'd connection silent this long is closed (None: off)
+    # a rank whose connection closed without bye and that says no hello on a new one this long is failed
+    # (None: heartbeat_timeout + 2 s, the client's backoff cap and a hello); a close alone is no failure: the rank
+    # may be reconnecting (issue 31)
+    rejoin_timeout: float | None = Field(None, gt=0)
     max_connections: int = Field(4096, ge=1)
     # who owns the rank connections: the event loop ("loop"), or concentrator.c ("native": the kernel's
     # per-connection work on another core, issue 17's 1,024 ranks; needs a C compiler at start-up)
@@ -72,7 +78,7 @@ class ControllerConfig(_Strict):
     max_groups_per_job: int = Field(65536, ge=1)
     max_ranks_per_job: int = Field(65536, ge=1)
 
-    @field_validator("heartbeat_timeout", "hello_timeout", "idle_timeout", mode="before")
+    @field_validator("heartbeat_timeout", "hello_timeout", "idle_timeout", "rejoin_timeout", mode="before")
     @classmethod
     def _seconds(cls, v, info):
         return None if v is None else parse_time(v, field=info.field_name)

@@ -299,6 +299,7 @@ class Controller:
         self._unsynced_ports: dict[tuple[str, int], list[tuple[str, int]]] = {}
         for k, who in self.unsynced.items():
             self._unsynced_ports.setdefault(who, []).append(k)
+        self.resync_grace = resync_grace
         self.resync_until = now + resync_grace if self.unsynced else 0.0
         self.connected: set[tuple[str, int]] = set()  # ranks that said hello and did not leave or fail since
         self.groups: dict[tuple[str, str], GroupState] = {}
@@ -666,6 +667,24 @@ class Controller:
         if freed:
             self._schedule()
 
+    def connection_lost(self, job: str, rank: int) -> None:
+        """The rank's connection closed without bye: it may be gone or reconnecting (after a pause of this
+        process, a dropped connection), and the server fails it only if it says no hello again in time. Its
+        holds, leases and waits go, as :meth:`disconnect` drops them (its client forgets its leases and sends its
+        holds and waiting requests again on the new connection, as after a restart), but it stays a member, and
+        its ports are not switched until it resumes (its first acquire, prepare, release or ack, sent after its
+        holds) or ``resync_grace`` passes: it may still be inside an op on them."""
+        ports = self.jobs.get(job, {}).get("ranks", {}).get(rank)
+        if ports is None or (job, rank) not in self.connected:
+            return
+        keys = [(d, p) for d, p in ports.items()]
+        for k in keys:
+            self.unsynced[k] = (job, rank)
+        self._unsynced_ports[(job, rank)] = keys
+        self.resync_until = max(self.resync_until, self.clock() + self.resync_grace)
+        self.disconnect(job, rank)
+        self.connected.add((job, rank))
+
     def rank_failed(self, job: str, rank: int) -> dict:
         """A rank died (connection closed without bye, or heartbeats stopped). With an idle spare, the
         spare takes its place (see module doc); with spares but none left, the job is told it is dead;
@@ -676,6 +695,7 @@ class Controller:
         if (job, rank) not in self.connected:
             return {"failover": False}  # already failed, left or replaced: nothing more to do
         if not info.get("spares") or rank >= info["world"]:
+            self._resync(job, rank, schedule=False)  # gone: its ports may be switched
             self.disconnect(job, rank)  # no spares, or an idle spare that died: nothing to move
             return {"failover": False}
         failed = info["ranks"][rank]
@@ -684,6 +704,7 @@ class Controller:
                       and not any((d, p) in self.dead for d, p in info["ranks"][s].items())), None)
         if spare is None:
             reason = f"rank {rank} failed and job {job!r} has no idle spare left"
+            self._resync(job, rank, schedule=False)
             self.disconnect(job, rank)
             self._wake_job(job, RankFailed(reason, field="rank", fix="restart the job from its last checkpoint"))
             self.log("dead", job=job, rank=rank)

@@ -11,10 +11,14 @@ with the ports they changed and the ports that were busy), ``GET /metrics`` (Pro
 
 Tenancy on the rank protocol: a connection is nobody until its ``hello`` carries the job's token; from then
 on it is bound to that (job, rank) and every request on it must speak for them (docs/controller.md).
-Liveness: a bound rank silent for ``heartbeat_timeout`` is failed (its connection closed,
-``Controller.rank_failed``), as is one whose connection closes without ``bye``; a connection that never says
-hello is closed after ``hello_timeout``. Clocks: durations use ``time.monotonic`` (the controller's clock, the
-one ``heartbeat`` replies carry); the wall clock appears only in log records.
+Liveness (issue 31: a paused controller is not a dead job): a rank is failed (``Controller.rank_failed``) only on
+evidence it is gone, measured while this process was running: a bound rank silent for ``heartbeat_timeout`` while
+other ranks were heard, or a rank whose connection closed without ``bye`` and that said no hello on a new one
+within ``heartbeat_timeout``. Time the loop did not run (SIGSTOP, a VM stall; seen as a late sweep) does not
+count, and a closed connection is not a failure by itself: the rank may be reconnecting (after a pause, the
+closes of its abandoned connections arrive with its new hello). A connection that never says hello is closed
+after ``hello_timeout``. Clocks: durations use ``time.monotonic`` (the controller's clock, the one ``heartbeat``
+replies carry); the wall clock appears only in log records.
 
 FastAPI, uvicorn and prometheus_client are the optional extra ``service``: they are imported only when the
 controller starts, so the rest of lightrail (and this module) works without them, and a controller started
@@ -67,6 +71,9 @@ log = logging.getLogger("lightrail.controller")
 
 TOKEN_ENV = "LIGHTRAIL_OPERATOR_TOKEN"
 FD_RESERVE = 64  # file descriptors kept for the admin API, SQLite and logs when capping connections
+REJOIN_MARGIN_S = 2.0
+"""Added to ``heartbeat_timeout`` for the default ``rejoin_timeout``: the client's reconnect backoff cap (1 s,
+``client.BACKOFF``) plus a hello's round trip, with room to spare."""
 LOG_BURST = 20  # log lines of one kind per second before they are counted instead (issue 17: 52 MB of log)
 
 
@@ -244,7 +251,9 @@ class _Collector:
                 ("timeouts", "connection_timeouts_total", "Connections closed for silence (no hello, or no "
                  "heartbeat)."),
                 ("rank_failures", "rank_failures_total", "Ranks failed (silent, or closed without bye)."),
-                ("superseded", "superseded_total", "Acquires replaced by a repeated acquire of the same group.")]
+                ("superseded", "superseded_total", "Acquires replaced by a repeated acquire of the same group."),
+                ("pauses", "controller_pauses_total", "Times this process found it had not run for a while (SIGSTOP, "
+                 "a VM stall): that time counted as nobody's silence.")]
 
     def __init__(self, metrics: Metrics, counter, gauge, summary):
         self.metrics, self.counter, self.gauge, self.summary = metrics, counter, gauge, summary
@@ -367,7 +376,11 @@ class RankServer:
         self.controller, self.config, self.clock = controller, config, clock
         self.open: set[Conn] = set()
         self.bound: dict[tuple[str, int], Conn] = {}  # (job, rank) -> its connection (where pushes go)
-        self.counters = {"refused": 0, "connections_refused": 0, "timeouts": 0, "rank_failures": 0, "superseded": 0}
+        self.counters = {"refused": 0, "connections_refused": 0, "timeouts": 0, "rank_failures": 0, "superseded": 0,
+                         "pauses": 0}
+        # (job, rank) -> (when, peer): its connection closed without bye; failed unless it says hello again in time
+        self.absent: dict[tuple[str, int], tuple[float, str]] = {}
+        self.swept: float | None = None  # when the sweeper last ran (a late run: this process was not running)
         self.max_connections = _connection_cap(config.max_connections)
         self.rlog = RateLog()
         self.metrics = Metrics(controller, self)
@@ -382,18 +395,45 @@ class RankServer:
             conn.send(message)
 
     def fail(self, conn: Conn, reason: str) -> None:
-        """The rank on ``conn`` failed (silent, or gone without bye): unbind it and tell the controller, which
-        fails it over to a spare (re-binding the spare's connection here) or ends its holds."""
+        """The rank on ``conn`` failed (silent while others were heard): unbind it and fail it (:meth:`_failed`)."""
         if conn.bound is None:
             return
         job, rank = conn.bound
         conn.bound = None
         if self.bound.get((job, rank)) is conn:
             del self.bound[(job, rank)]
+        self._failed(job, rank, conn.peer, reason)
+
+    def lost(self, conn: Conn) -> None:
+        """``conn`` closed without bye: not a failure yet (the rank may be reconnecting, e.g. after a pause of this
+        process), so the rank is *absent*: its holds, leases and waits go (``Controller.connection_lost``, as
+        the client forgets them too) and it is failed if it says no hello within ``heartbeat_timeout``."""
+        if conn.bound is None:
+            return
+        job, rank = conn.bound
+        conn.bound = None
+        if self.bound.get((job, rank)) is not conn:
+            return  # a newer connection speaks for it
+        del self.bound[(job, rank)]
+        if job not in self.controller.jobs or rank not in self.controller.jobs[job]["ranks"]:
+            return  # it already left (bye), or its job ended
+        self.absent[(job, rank)] = (self.clock(), conn.peer)
+        self.rlog("rank_absent", job=job, rank=rank, peer=conn.peer)
+        lost = getattr(self.controller, "connection_lost", None)
+        try:
+            if lost is not None:
+                lost(job, rank)
+        except LightrailError as e:
+            _log("rank_failed_error", job=job, rank=rank, error=str(e))
+
+    def _failed(self, job: str, rank: int, peer: str, reason: str) -> None:
+        """Tell the controller the rank is gone: it fails it over to a spare (the spare's connection is re-bound
+        here) or ends its holds."""
+        self.absent.pop((job, rank), None)
         if job not in self.controller.jobs or rank not in self.controller.jobs[job]["ranks"]:
             return  # it already left (bye), or its job ended
         self.counters["rank_failures"] += 1
-        self.rlog("rank_failed", job=job, rank=rank, peer=conn.peer, reason=reason)
+        self.rlog("rank_failed", job=job, rank=rank, peer=peer, reason=reason)
         rank_failed = getattr(self.controller, "rank_failed", None)
         try:
             if rank_failed is None:
@@ -412,9 +452,28 @@ class RankServer:
                  rewire_s=result.get("rewire_s"))
 
     def sweep(self) -> None:
-        """Close connections that never said hello within ``hello_timeout``, fail bound ranks silent longer
-        than ``heartbeat_timeout``."""
+        """Close connections that never said hello within ``hello_timeout``; fail bound ranks silent longer than
+        ``heartbeat_timeout`` while others were heard, and absent ranks that said no hello again in that long.
+        A sweep that comes late (by more than ``heartbeat_timeout / 2``) means this process did not run: that
+        time is nobody's silence, so every clock of silence and absence moves on by it."""
         now = self.clock()
+        period = self.period()
+        if self.swept is not None and now - self.swept > period + self.config.heartbeat_timeout / 2:
+            stalled = now - self.swept - period
+            self.counters["pauses"] += 1
+            _log("paused", seconds=round(stalled, 3))
+            for conn in self.open:
+                conn.last_seen = min(now, conn.last_seen + stalled)
+            self.absent = {k: (min(now, t + stalled), peer) for k, (t, peer) in self.absent.items()}
+        self.swept = now
+        hb = self.config.heartbeat_timeout
+        rejoin = self.rejoin_timeout()
+        for (job, rank), (t, peer) in list(self.absent.items()):
+            if now - t > rejoin:
+                self._failed(job, rank, peer, f"connection closed without bye, no hello again within "
+                                              f"{rejoin:g} s (rejoin_timeout)")
+        bound = [c for c in self.open if c.bound is not None]
+        heard = min((now - c.last_seen for c in bound), default=0.0)  # since the last rank was heard
         for conn in list(self.open):
             if conn.bound is None and not conn.failed and now - conn.opened > self.config.hello_timeout:
                 self.counters["timeouts"] += 1
@@ -428,6 +487,8 @@ class RankServer:
                 if _unread(conn.writer):  # it did speak: the loop is behind (overload), not the rank silent
                     conn.last_seen = now
                     continue
+                if len(bound) > 1 and heard > hb:
+                    continue  # nobody was heard: this process's network (or clock) is the suspect, not the rank
                 self.counters["timeouts"] += 1
                 conn.failed = True
                 self.fail(conn, f"silent for {now - conn.last_seen:.3f} s (heartbeat_timeout "
@@ -435,10 +496,22 @@ class RankServer:
                 conn.writer.close()
         self.rlog.flush()
 
+    def rejoin_timeout(self) -> float:
+        """How long a rank whose connection closed without bye may take to say hello again: the config's, else
+        ``heartbeat_timeout`` + :data:`REJOIN_MARGIN_S` (a client's next try after a pause comes within its
+        backoff cap and one hello round trip)."""
+        c = self.config
+        return c.rejoin_timeout or c.heartbeat_timeout + REJOIN_MARGIN_S
+
+    def period(self) -> float:
+        """Seconds between sweeps."""
+        c = self.config
+        return min(c.heartbeat_timeout, c.hello_timeout, self.rejoin_timeout()) / 4
+
     async def sweeper(self) -> None:
-        period = min(self.config.heartbeat_timeout, self.config.hello_timeout) / 4
+        self.swept = self.clock()
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(self.period())
             self.sweep()
 
     # -- one connection -----------------------------------------------------------------------------------------
@@ -549,6 +622,7 @@ class RankServer:
             other.writer.close()
         conn.bound, conn.token, conn.left = (m.job, m.rank), m.token, False
         self.bound[(m.job, m.rank)] = conn
+        self.absent.pop((m.job, m.rank), None)  # back: re-admitted
         return reply
 
     def _bye(self, conn: Conn, m: Bye) -> dict:
@@ -697,7 +771,7 @@ class _RankProtocol(asyncio.Protocol):
             return
         self.server.open.discard(conn)
         if not conn.failed and not conn.left:
-            self.server.fail(conn, "connection closed without bye")
+            self.server.lost(conn)
         conn.writer.close()
 
 
