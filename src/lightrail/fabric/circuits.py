@@ -158,5 +158,6 @@ class CircuitState:
 
     def occupy(self, dev, tx, rx, until: float) -> None:
         """Traffic on circuits ``tx -> rx`` until ``until``."""
-        np.maximum.at(self.tx_busy, (dev, tx), until)
-        np.maximum.at(self.rx_busy, (dev, rx), until)
+        # one value for all: a repeated port gets the same max, so plain indexing is exact (and no ufunc.at)
+        self.tx_busy[dev, tx] = np.maximum(self.tx_busy[dev, tx], until)
+        self.rx_busy[dev, rx] = np.maximum(self.rx_busy[dev, rx], until)

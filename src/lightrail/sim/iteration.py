@@ -144,9 +144,9 @@ class _Rails:
         self.rx_lease[self.rx_lease == stage] = -1
 
     def _revoke(self, tx_ports, rx_ports) -> None:
-        for stage in set(self.tx_lease[tx_ports].tolist()) | set(self.rx_lease[rx_ports].tolist()):
-            if stage >= 0:
-                self._drop(stage)
+        held = np.bincount(np.concatenate([self.tx_lease[tx_ports], self.rx_lease[rx_ports]]) + 1)  # -1: none
+        for stage in (np.flatnonzero(held[1:])).tolist():
+            self._drop(stage)
 
     def _free(self, tx_ports, rx_ports, decision: float) -> np.ndarray:
         """Per rail, when the controller may switch these (rail, port) arrays: their last traffic's release
@@ -159,6 +159,10 @@ class _Rails:
         busy, held = np.zeros(rails), np.zeros(rails, bool)
         for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
+            if len(rail) > 64 and (rail == rail[0]).all():  # one rail's many ports (a whole switch): no ufunc.at
+                busy[rail[0]] = max(busy[rail[0]], when[rail[0], port].max())
+                held[rail[0]] |= bool((lease[rail[0], port] >= 0).any())
+                continue
             np.maximum.at(busy, rail, when[rail, port])
             np.logical_or.at(held, rail, lease[rail, port] >= 0)
         if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase

@@ -236,17 +236,7 @@ def compare_rails(built: Built, *, ablation: bool = True,
     step("photonic")
     ideal = runs(replace(fabric, kind="ideal"), params)
     step("ideal")
-    rows = []
-    for label, knobs in ABLATION if ablation else ():
-        policy = replace(ORIGINAL, mode=params.mode, **knobs)
-        r = runs(fabric, policy)
-        rows.append(PolicyRun(policy=label, iteration_time_s=r.iteration_time_s,
-                                  overhead=r.iteration_time_s / base - 1,
-                                  reconfigurations_per_iteration=r.reconfigurations_per_iteration,
-                                  controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
-                                  overhead_breakdown_s=overhead_breakdown(runs, fabric, policy, r.iteration_time_s,
-                                                                          base)))
-        step(label)
+    rows = _ablation(runs, fabric, base, params.mode, step) if ablation else []
     lay = job.layout
     costs = compare(lay.world, gpus_per_server=lay.gpus_per_server, rail_speed=built.rail_speed, facts=built.costs)
     return RailsComparison(
@@ -282,6 +272,56 @@ def compare_rails(built: Built, *, ablation: bool = True,
         built=built,
         runs={"electrical": electrical, "photonic": photonic, "ideal": ideal},
     )
+
+
+PARALLEL_GPUS = 4096
+"""Jobs of this many GPUs or more run the ablation's policies in worker processes, forked so that they share the
+built program and the op durations already computed; a smaller job's whole ablation takes less than starting them."""
+
+_FORKED: dict = {}
+"""What forked ablation workers read (:func:`_forked_row`): set just before the pool starts, cleared after."""
+
+
+def _ablation_row(runs: JobRuns, fabric: RailFabric, base: float, mode: Mode, label: str, knobs: dict) -> PolicyRun:
+    policy = replace(ORIGINAL, mode=mode, **knobs)
+    r = runs(fabric, policy)
+    return PolicyRun(policy=label, iteration_time_s=r.iteration_time_s, overhead=r.iteration_time_s / base - 1,
+                     reconfigurations_per_iteration=r.reconfigurations_per_iteration,
+                     controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
+                     overhead_breakdown_s=overhead_breakdown(runs, fabric, policy, r.iteration_time_s, base))
+
+
+def _forked_row(index: int) -> PolicyRun:
+    return _ablation_row(*(_FORKED[k] for k in ("runs", "fabric", "base", "mode")), *ABLATION[index])
+
+
+def _ablation(runs: JobRuns, fabric: RailFabric, base: float, mode: Mode,
+              step: Callable[[str], None]) -> list[PolicyRun]:
+    """The ablation's rows in :data:`ABLATION`'s order; on big jobs one forked worker per core, the rows
+    the same as one process computes (each simulation is deterministic)."""
+    import multiprocessing
+    import os
+
+    workers = min(len(ABLATION), os.cpu_count() or 1)
+    if runs.job.layout.world < PARALLEL_GPUS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        rows = []
+        for label, knobs in ABLATION:
+            rows.append(_ablation_row(runs, fabric, base, mode, label, knobs))
+            step(label)
+        return rows
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    _FORKED.update(runs=runs, fabric=fabric, base=base, mode=mode)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            pending = {pool.submit(_forked_row, i): i for i in range(len(ABLATION))}
+            done: dict[int, PolicyRun] = {}
+            for future in as_completed(pending):
+                done[pending[future]] = future.result()
+                step(ABLATION[pending[future]][0])
+    finally:
+        _FORKED.clear()
+    return [done[i] for i in range(len(ABLATION))]
 
 
 def delay_sweep(built: Built, delays: Sequence[float], *,
