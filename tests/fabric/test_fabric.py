@@ -483,3 +483,26 @@ def test_square_shape_is_as_square_as_possible(dims):
 )
 def test_square_shape_examples(n, dims, shape):
     assert square_shape(n, dims) == shape
+
+
+@settings(max_examples=60, deadline=None)
+@given(servers=st.integers(1, 6), g=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+       density=st.floats(0.0, 1.0))
+def test_photonic_rails_closed_form_hops_equal_bfs(servers, g, seed, density):
+    """Photonic rails answer most hop counts in closed form (a circuit joins the two servers) and leave paths over
+    several circuits to BFS: every pair of nodes gets what BFS over the same links gets."""
+    from lightrail.fabric.builders import photonic_rails
+    from lightrail.fabric.topology import Topology
+
+    rng = np.random.default_rng(seed)
+    rail, tx, rx = [], [], []
+    for r in range(g):  # a partial matching per rail: each transmitter and each receiver in one circuit at most
+        chosen = rng.permutation(servers)
+        for s in range(servers):
+            if rng.random() < density and chosen[s] != s:
+                rail.append(r), tx.append(s), rx.append(int(chosen[s]))
+    topo = photonic_rails(servers, (rail, tx, rx), gpus_per_server=g)
+    assert topo.hops_fn is not None
+    plain = Topology(topo.name, topo.num_endpoints, topo.node_kind, topo.src, topo.dst, topo.bandwidth, topo.latency)
+    u, v = (a.ravel() for a in np.meshgrid(np.arange(topo.num_nodes), np.arange(topo.num_nodes)))
+    np.testing.assert_array_equal(topo.hops(u, v), plain.hops(u, v))

@@ -12,7 +12,7 @@ import numpy as np
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, NIC_BANDWIDTH, NVLINK_BANDWIDTH, TOPOLOGIES
 from lightrail.errors import InfeasibleError, UnsupportedError
 from lightrail.fabric.circuits import check_partial_permutation
-from lightrail.fabric.topology import NodeKind, Topology
+from lightrail.fabric.topology import UNKNOWN_HOPS, NodeKind, Topology
 
 __all__ = ["switch", "ring", "torus", "fat_tree", "rails", "circuits", "photonic_rails", "square_shape",
            "build_topology", "TOPOLOGIES", "HOSTS_PER_LEAF",
@@ -307,4 +307,56 @@ def photonic_rails(servers: int, circuits, *, gpus_per_server: int = GPUS_PER_SE
     dst = np.concatenate([d1, (rx * g + rail).astype(np.int32)])
     bw = np.concatenate([np.full(len(s1), nvlink_bandwidth), np.full(len(rail), nic_bandwidth)])
     return _build(f"photonic_rails(servers={servers},g={g},circuits={len(rail)})", kinds, src, dst, bw, latency,
-                  None, gpus_per_server=g)
+                  _photonic_rails_hops(servers, g, rail, tx, rx), gpus_per_server=g)
+
+
+def _photonic_rails_hops(servers: int, g: int, rail, tx, rx):
+    """Hop counts on photonic rails where a circuit joins the two servers, in closed form; the rest
+    (:data:`UNKNOWN_HOPS`: paths over several circuits) are left to BFS. None if a transmitter lights two
+    circuits (no closed form: BFS throughout).
+
+    GPU ``(s, i)`` reaches GPU ``(t, j)`` of another server in 1 hop over its own circuit to ``t`` when ``i == j``,
+    else in 3 (its circuit, then NVLink at ``t``; or NVLink to ``(s, j)``, then that GPU's circuit): no path of 2
+    ends on another rail, since a circuit keeps the rail and NVLink keeps the server. An NVSwitch is one hop from
+    its GPUs, two from ``(t, j)`` over ``(s, j)``'s circuit. Without such a circuit, the shortest paths over two
+    circuits (or one, on a third rail) are counted the same way, each case with the shorter shapes ruled out;
+    longer chains of circuits go to BFS."""
+    n = servers * g
+    direct = np.full((g, servers), -1, np.int64)  # direct[rail, tx_server]: the server its circuit reaches
+    key = np.unique(np.stack([rail, tx, rx]), axis=1) if len(rail) else np.zeros((3, 0), np.int64)
+    if len(np.unique(key[0] * servers + key[1])) != key.shape[1]:
+        return None
+    direct[key[0], key[1]] = key[2]
+
+    def hops(u, v):
+        u, v = np.broadcast_arrays(np.asarray(u, np.int64), np.asarray(v, np.int64))
+        d = np.full(u.shape, UNKNOWN_HOPS, np.int64)
+        gpu_u, gpu_v = u < n, v < n
+        su = np.where(gpu_u, u // g, u - n)  # the server of a GPU or of an NVSwitch
+        iu = np.where(gpu_u, u % g, 0)
+        sv, jv = np.where(gpu_v, v // g, 0), np.where(gpu_v, v % g, 0)
+        same = gpu_v & (su == sv)
+        d[same & gpu_u] = np.where(iu == jv, 0, 2)[same & gpu_u]
+        d[same & ~gpu_u] = 1
+        other = gpu_v & ~same
+        own, theirs = direct[iu, su] == sv, direct[jv, su] == sv  # u's circuit reaches t; (s, j)'s does
+        d[other & gpu_u & own] = np.where(iu == jv, 1, 3)[other & gpu_u & own]
+        d[other & gpu_u & ~own & theirs & (iu != jv)] = 3
+        d[other & ~gpu_u & theirs] = 2
+        # two circuits on u's rail, on v's rail, or u's then v's; any circuit from s to t at all
+        via = np.where(own | (direct[iu, su] < 0), 0, direct[iu, su])
+        two_i = (direct[iu, su] >= 0) & (direct[iu, via] == sv)
+        two_j = (direct[jv, su] >= 0) & (direct[jv, np.maximum(direct[jv, su], 0)] == sv)
+        mid = (direct[iu, su] >= 0) & (direct[jv, via] == sv)
+        anywhere = (direct[:, su] == sv).any(axis=0) if g else np.zeros(u.shape, bool)
+        left = other & (d == UNKNOWN_HOPS)
+        same_rail = iu == jv
+        d[left & gpu_u & same_rail & two_i] = 2  # c c: 1 impossible (no own circuit)
+        four = left & gpu_u & ~same_rail & (two_i | two_j | mid)  # c c N, N c c, c N c; nothing of 3 ends on j
+        d[four] = 4
+        d[left & gpu_u & ~same_rail & ~four & anywhere] = 5  # N c N over another rail's circuit
+        d[left & ~gpu_u & two_j] = 3  # NVSwitch: to (s, j), then two circuits
+        d[left & ~gpu_u & ~two_j & anywhere] = 4  # to (s, k), k's circuit, NVLink at t
+        return d
+
+    return hops

@@ -32,6 +32,9 @@ class NodeKind(IntEnum):
 
 HopsFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
+UNKNOWN_HOPS = -2
+"""What a builder's hop function returns for a pair it has no closed form for: :meth:`Topology.hops` asks BFS."""
+
 
 @dataclass(frozen=True, eq=False)
 class Topology:
@@ -100,14 +103,21 @@ class Topology:
     def hops(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Hop distance from nodes ``u`` to nodes ``v`` (elementwise; -1 if unreachable).
 
-        Uses the builder's closed form when there is one; otherwise BFS towards each destination,
-        computed the first time that destination is asked for.
+        Uses the builder's closed form when there is one (for the pairs it answers: :data:`UNKNOWN_HOPS` marks
+        the others); otherwise BFS towards each destination, computed the first time that destination is asked for.
         """
         u, v = np.asarray(u), np.asarray(v)
-        if self.hops_fn is not None:
-            return self.hops_fn(u, v)
-        rows = self._distances_to(v.ravel())
-        return self._bfs["dist"][rows, u.ravel()].reshape(np.shape(u))
+        if self.hops_fn is None:
+            rows = self._distances_to(v.ravel())
+            return self._bfs["dist"][rows, u.ravel()].reshape(np.shape(u))
+        d = self.hops_fn(u, v)
+        unknown = d == UNKNOWN_HOPS
+        if unknown.any():
+            d = d.copy()
+            uu, vv = np.broadcast_to(u, d.shape)[unknown], np.broadcast_to(v, d.shape)[unknown]
+            rows = self._distances_to(vv)  # first: it grows the cache the next line reads
+            d[unknown] = self._bfs["dist"][rows, uu]
+        return d
 
     def with_links(self, src, dst, bandwidth, latency, *, name: str | None = None) -> Topology:
         """A new topology with extra links (e.g. OCS circuits); distances fall back to BFS."""
