@@ -229,7 +229,7 @@ JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "oc
              "losses_identical", "losses", "lightrail_losses", "gloo_iteration_series_s",
              "lightrail_iteration_series_s", "measurement", "predicted", "controller_startup_s", "controller_restarts",
              "spares", "recovery", "wrapper_overhead_s", "fabric_overhead_s", "fabric_model_to_measured_ratio",
-             "grant_wait_s"]
+             "grant_wait_s", "controller_pauses", "failovers"]
 """train-demo.json's keys, in order: as before the result was typed, then the wrapper's share (issue 29)."""
 
 

@@ -456,10 +456,6 @@ class PhotonicDemoResult:
     its in-memory counters (grants, revocations, latencies) restart from zero each time."""
     spares: int = 0
     """Idle spare processes the job started with (``--spares``)."""
-    controller_pauses: int = 0
-    """Times the controller was frozen (SIGSTOP, ``--pause-controller-at-step``) and continued."""
-    failovers: float = 0.0
-    """Failovers to a spare, summed over the controller's incarnations (its persisted counter)."""
     recovery: dict | None = None
     """With ``--kill-rank``: ``detect_s``, ``rewire_s``, ``rebuild_s``, ``restore_s``, ``first_step_s`` (from the
     kill), ``steps_lost``, ``checkpoint_step``, ``losses_match_uninterrupted`` (the losses after the checkpoint
@@ -475,6 +471,10 @@ class PhotonicDemoResult:
     grant_wait_s: Mapping[str, Mapping[str, float]] | None = None
     """Per pipeline stage (``"0"``, ``"1"``, ...) and phase (``pp``, ``dp``, ...), the time a rank waits for its
     groups' grants per iteration (:func:`grant_waits`): where the fabric's overhead shows."""
+    controller_pauses: int = 0
+    """Times the controller was frozen (SIGSTOP, ``--pause-controller-at-step``) and continued."""
+    failovers: float = 0.0
+    """Failovers to a spare, summed over the controller's incarnations (its persisted counter)."""
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
