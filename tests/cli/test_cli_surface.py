@@ -44,13 +44,18 @@ def test_every_verb_and_flag_is_pinned():
         assert now[verb] == entry, verb
 
 
+OLD_SPELLINGS = {"--delay", "--delays", "--reconfig-delay", "--at-delay", "--kill-at", "--iters"}
+"""Flags renamed to one spelling per idea, kept hidden so yesterday's commands still run."""
+
+
 def test_one_spelling_per_idea():
     """The OCS delay is --ocs-delay(s) and the straggler's lateness --straggler-delay(s) wherever they are
-    visible; --delay and --delays survive only as hidden old spellings."""
+    visible; --delay and --delays survive only as hidden old spellings. When a kill strikes is --kill-at-<unit>
+    (step, round, epoch), and timed trials are --repeats (stragglar run, moe bench)."""
     for verb, entry in surface().items():
-        assert not {"--delay", "--delays", "--reconfig-delay"} & set(entry["flags"]), verb
+        assert not OLD_SPELLINGS & set(entry["flags"]), verb
         for old in entry["hidden"]:
-            assert old in {"--delay", "--delays", "--reconfig-delay", "--at-delay"}, (verb, old)
+            assert old in OLD_SPELLINGS, (verb, old)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ def _commands(group: typer.Typer, prefix: str = ""):
 
 
 def _has(callback, flag: str) -> bool:
-    return f'"{flag}"' in inspect.getsource(callback) or (flag == "--json" and "JsonOut" in
-                                                           inspect.getsource(callback))
+    source = inspect.getsource(callback)
+    return f'"{flag}"' in source or (flag == "--json" and "JsonOut" in source) or (
+        flag == "--out" and "result_out(" in source)  # options.result_out: an --out that writes only when given
 
 
 @pytest.mark.parametrize("verb", sorted(CHEAP))
@@ -63,7 +64,8 @@ def test_json_alone_writes_no_file_and_json_with_out_does(verb, tmp_path, monkey
 def test_every_verb_with_json_and_out_follows_the_rule():
     verbs = {name: cb for name, cb in _commands(app) if _has(cb, "--out") and "JsonOut" in str(
         inspect.signature(cb).parameters.get("as_json", ""))}
-    rule = ("writes_files(", "output_folder(", 'given_on_command_line("out_dir")', "if out_dir is not None")
+    rule = ("writes_files(", "output_folder(", 'given_on_command_line("out_dir")', "if out_dir is not None",
+            "save_result(")
     for name, cb in verbs.items():
         if name in EXPORTERS:
             continue

@@ -19,7 +19,7 @@ def run(*args):
 
 def test_bench_json_contract(tmp_path):
     result = run("moe", "bench", "--ranks", 2, "--tokens", 96, "--experts", 4, "--topk", 2, "--hidden", 16,
-                 "--iters", 1, "--warmup", 0, "--capacity-factor", 1.0, "--json", "--out", tmp_path)
+                 "--repeats", 1, "--warmup", 0, "--capacity-factor", 1.0, "--json", "--out", tmp_path)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     for v in ("payload", "padded", "unpipelined"):

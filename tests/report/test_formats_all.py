@@ -44,7 +44,7 @@ VERBS = {
                              ["calibration"]),
     # these two start processes (~7 s and ~9 s here): one format each; moe's other format is drawn from its JSON
     "moe bench": (lambda tmp: ["moe", "bench", "--ranks", "2", "--tokens", "16", "--experts", "2", "--topk", "1",
-                               "--hidden", "8", "--iters", "1", "--warmup", "0", "--no-backward"], ["moe-bench"]),
+                               "--hidden", "8", "--repeats", "1", "--warmup", "0", "--no-backward"], ["moe-bench"]),
     "train-demo": (lambda tmp: ["train-demo", "--ranks", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--steps", "2"],
                    ["iterations"]),
 }

@@ -192,3 +192,15 @@ def test_a_model_scenario_runs_on_rails_only(tmp_path):
         parse_scenario(delayed).build()
     shared = {**delayed, "engine": {"sharing": "none"}}
     assert parse_scenario(shared).build().fabric.sharing == "none"  # engine.sharing reaches the rails
+
+
+def test_time_not_computing_is_called_waiting_not_idle(tmp_path):
+    """A rank whose collective is on the wire is busy: the replay calls iteration time minus compute "waiting"
+    (on communication or peers), in the JSON and in the table, never "idle" (issue 33 item 5)."""
+    result = simulate(tmp_path, scenario(4, "ring"))
+    out = json.loads(result.output)
+    assert "idle_s" not in out and out["waiting_s"] == pytest.approx(out["iteration_time_s"] - out["compute_s"])
+    assert all("idle_s" not in r and "waiting_s" in r for r in out["per_rank"])
+    text = runner.invoke(app, ["simulate", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")])
+    assert text.exit_code == 0, text.output
+    assert "waiting" in text.output and "idle" not in text.output

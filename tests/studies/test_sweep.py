@@ -147,7 +147,8 @@ def test_ray_and_local_give_the_same_table_and_the_cli_writes_it(ray_cluster, tm
     # the verb, on the Ray this process runs: table (CSV and Parquet), JSON, figure, report
     path = sweep_file(tmp_path, **SMALL)
     out = tmp_path / "out"
-    result = runner.invoke(app, ["sweep", str(path), "--out", str(out), "--html", "--format", "svg"])
+    result = runner.invoke(app, ["sweep", str(path), "--out", str(out), "--html", "--format", "svg",
+                                 "--allow-failures"])  # two cells fail: exit 1 without it
     assert result.exit_code == 0, result.output
     with open(out / "sweep.csv") as f:
         table = list(csv.DictReader(f))

@@ -70,9 +70,9 @@ def servers():
 def test_serve_kill_blast_radius_matches_realize_and_leaves_no_process(tmp_path):
     epochs, kill, kill_at, perturbation = 6, 1, 3, 0.05
     log = tmp_path / "allocations.jsonl"
-    proc = subprocess.run([*SERVE, "--epochs", str(epochs), "--interval", "0.3", "--kill", str(kill), "--kill-at",
-                           str(kill_at), "--allocations", str(log), "--json"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([*SERVE, "--epochs", str(epochs), "--interval", "0.3", "--kill", str(kill),
+                           "--kill-at-epoch", str(kill_at), "--allocations", str(log), "--json"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     run = json.loads(proc.stdout)
@@ -197,8 +197,8 @@ def no_processes(monkeypatch):
 @pytest.mark.parametrize("args, flag", [
     (["--kill", "7"], "--kill"),
     (["--kill", "-1"], "--kill"),
-    (["--kill-at", "2"], "--kill-at"),
-    (["--kill", "0", "--kill-at", "6", "--epochs", "6"], "--kill-at"),
+    (["--kill-at-epoch", "2"], "--kill-at-epoch"),
+    (["--kill", "0", "--kill-at-epoch", "6", "--epochs", "6"], "--kill-at-epoch"),
     (["--interval", "0"], "--interval"),
     (["--epochs", "-1"], "--epochs"),
     (["--port", "70000"], "--port"),

@@ -19,7 +19,26 @@ from lightrail import __version__
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.report.format import TableConsole
 
-app = typer.Typer(name="lightrail", no_args_is_help=True, add_completion=False,
+EXAMPLES = """Examples:
+
+lightrail simulate examples/debug-tiny.yaml      # electrical vs photonic
+
+lightrail sweep examples/sweeps/debug.yaml --local  # a grid of scenarios
+
+lightrail collective --op allreduce -n 64 -s 64MiB  # one collective, timed
+
+lightrail stragglar run -n 4 --out out/straggler  # measured on gloo
+
+lightrail check examples/debug-tiny.yaml --json  # validate a scenario
+
+lightrail simulate -h                            # a verb's flags
+"""
+"""The top-level help's epilog (Typer keeps the blank lines; each line stays one line in the help)."""
+
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+"""``-h`` as well as ``--help``, as most command-line tools have; click hands it down to every verb."""
+
+app = typer.Typer(name="lightrail", no_args_is_help=True, context_settings=HELP_OPTIONS, epilog=EXAMPLES,
                   help="Toolkit and control plane for reconfigurable photonic networks in ML clusters.")
 out = TableConsole()
 """stdout: tables are never cut short (folded in a terminal, printed at full width when piped)."""

@@ -45,6 +45,8 @@ from lightrail.cli.options import (
     print_json,
     progress_steps,
     renamed,
+    result_out,
+    save_result,
     writes_files,
 )
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF
@@ -82,6 +84,7 @@ def collective_cmd(
     base: Annotated[str, typer.Option("--base", help="Static links under the circuits: none, ring, torus.")]
     = "none",
     propagation: Propagation = "0",
+    out_dir: Annotated[Path | None, result_out("collective.json")] = None,
     as_json: JsonOut = False,
 ):
     """Simulate one collective: time, algorithm and bus bandwidth, steps, and the verifier's proof;
@@ -116,8 +119,10 @@ def collective_cmd(
         result = in_splits(evaluate(algorithm.kind, algo, ranks, nbytes / splits, fabric,
                                     alpha=parse_time(alpha, field="--alpha"), **params), nbytes, splits)
         show = print_collective
+    data = {**result.to_dict(), "splits": splits}
+    save_result(out_dir, "collective.json", data, quiet=as_json)
     if as_json:
-        print_json({**result.to_dict(), "splits": splits})
+        print_json(data)
     else:
         show(result, out)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, print_json
+from lightrail.cli.options import JsonOut, print_json, result_out, save_result
 
 import_app = typer.Typer(no_args_is_help=True, help="Bring workloads in: Chakra execution traces.")
 app.add_typer(import_app, name="import")
@@ -19,6 +19,7 @@ app.add_typer(import_app, name="import")
 def chakra_cmd(
     folder: Annotated[Path, typer.Argument(help="Folder of one PREFIX.RANK.et Chakra trace per rank (and "
                                                 "PREFIX.json, ASTRA-sim's communicator groups, if any).")],
+    out_dir: Annotated[Path | None, result_out("chakra.json")] = None,
     as_json: JsonOut = False,
 ):
     """Read a Chakra trace and report its ranks, ops by kind, bytes and process groups; name the folder in a
@@ -28,6 +29,7 @@ def chakra_cmd(
 
     trace = read_chakra(folder)
     data = trace.to_dict()
+    save_result(out_dir, "chakra.json", data, quiet=as_json)
     if as_json:
         print_json(data)
         return

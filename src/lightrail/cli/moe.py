@@ -18,7 +18,9 @@ from lightrail.cli.options import (
     check_fits,
     check_out,
     figure_suffix,
+    old_spelling,
     print_json,
+    renamed,
     writes_files,
 )
 from lightrail.errors import ScenarioError
@@ -35,7 +37,7 @@ def _check_bench_size(*, ranks: int, tokens: int, experts: int, topk: int, hidde
                       capacity_factor: float, iters: int, warmup: int) -> None:
     """Upper bounds before any process starts (the library checks the lower ones and the divisibility)."""
     check_count(ranks, field="--ranks", lo=2, hi=MAX_BENCH_RANKS, what="gloo processes")
-    check_count(iters, field="--iters", hi=1000, what="iterations")
+    check_count(iters, field="--repeats", hi=1000, what="timed repeats")
     check_count(warmup, field="--warmup", lo=0, hi=1000, what="warm-up iterations")
     check_count(tiles, field="--tiles", hi=max(1, tokens), what="tiles")
     if not 0 < capacity_factor <= 64:
@@ -63,7 +65,8 @@ def moe_bench_cmd(
     tiles: Annotated[int, typer.Option("--tiles", help="Token tiles of the pipelined payload variant.")] = 4,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="Padded variant: slots per expert "
                                                    "over the uniform share.")] = 1.25,
-    iters: Annotated[int, typer.Option("--iters", help="Timed iterations (median), after --warmup.")] = 3,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed trials (median), after --warmup.")] = 3,
+    old_iters: Annotated[int | None, old_spelling("--iters", "--repeats")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed iterations first.")] = 1,
     backward: Annotated[bool, typer.Option("--backward/--no-backward", help="Also time forward + backward.")] = True,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for summary.json and moe-bench.png (or .svg/.pdf, "
@@ -76,6 +79,8 @@ def moe_bench_cmd(
     from lightrail.moe.bench import BenchConfig, check_config, run_bench
     from lightrail.report.moe import print_moe_bench, write_moe_bench
 
+    iters = renamed(repeats, old_iters, old="--iters", new="--repeats")  # as stragglar run's timed trials
+    check_count(iters, field="--repeats", hi=1000, what="timed repeats")
     fmt = figure_suffix(fmt)
     cfg = check_config(BenchConfig(ranks=ranks, tokens=tokens, experts=experts, topk=topk, hidden=hidden, ffn=ffn,
                                    tiles=tiles, capacity_factor=capacity_factor, iters=iters, warmup=warmup,

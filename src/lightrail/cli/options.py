@@ -427,6 +427,25 @@ def writes_files(as_json: bool, html: bool = False) -> bool:
     return not as_json or html or given_on_command_line("out_dir")
 
 
+def result_out(name: str) -> typer.models.OptionInfo:
+    """``--out`` of a verb that prints its result and writes nothing unless asked: the folder for ``name``."""
+    return typer.Option("--out", show_default=False, help=f"Also write the result as {name} in this folder "
+                        "(made if missing); without it nothing is written.")
+
+
+def save_result(out_dir: Path | None, name: str, data: dict, *, quiet: bool = False) -> Path | None:
+    """``--out`` of a :func:`result_out` verb: ``out_dir/name`` holds the same JSON ``--json`` prints (written
+    atomically); ``None`` writes nothing. The folder was proven writable before the work (``@friendly``)."""
+    if out_dir is None:
+        return None
+    from lightrail.report.files import write_json
+
+    path = write_json(Path(out_dir) / name, data)
+    if not quiet:
+        err.print(f"wrote {path}", highlight=False)
+    return path
+
+
 def html_report(out_dir: Path | None, html: bool, *, quiet: bool = False) -> Path | None:
     """``--html``: ``out_dir/report.html``, from the files the verb has just written there."""
     if not html or out_dir is None:

@@ -4,12 +4,13 @@ The library checks the input; its errors name ``ports`` and ``mesh``, which ``@f
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, print_json
+from lightrail.cli.options import JsonOut, print_json, result_out, save_result
 from lightrail.defaults import MAX_PORTS, MESHES
 
 
@@ -18,6 +19,7 @@ from lightrail.defaults import MAX_PORTS, MESHES
 def pipswitch_cmd(
     ports: Annotated[int, typer.Option("--ports", help=f"Switch ports, 2 to {MAX_PORTS}.")] = 32,
     mesh: Annotated[str, typer.Option("--mesh", help="Mesh of 2x2 cells: " + ", ".join(MESHES) + ".")] = "crossbar",
+    out_dir: Annotated[Path | None, result_out("pipswitch.json")] = None,
     as_json: JsonOut = False,
 ):
     """Rounds of matchings that connect every pair of ports (n-1 rounds for even n, n for odd), routed on
@@ -26,6 +28,7 @@ def pipswitch_cmd(
     from lightrail.report.pipswitch import print_pipswitch
 
     result = plan_pipswitch(ports, mesh=mesh)  # its errors name ports / mesh, shown as --ports / --mesh
+    save_result(out_dir, "pipswitch.json", result.to_dict(), quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly, given_on_command_line, out
+from lightrail.cli.app import app, err, friendly, given_on_command_line, out
 from lightrail.cli.options import (
     MAX_GPUS,
     MAX_SWEEP_POINTS,
@@ -32,6 +32,8 @@ from lightrail.cli.options import (
     progress_bar,
     progress_steps,
     renamed,
+    result_out,
+    save_result,
 )
 from lightrail.defaults import GPUS_PER_SERVER, OCS_DELAYS
 from lightrail.errors import InfeasibleError, ScenarioError
@@ -106,6 +108,7 @@ def cost_cmd(
     = "256..16384",
     gpus_per_server: GpusPerServer = GPUS_PER_SERVER,
     rail_speed: Annotated[str, typer.Option("--rail-speed", help="400G or 800G.")] = "400G",
+    out_dir: Annotated[Path | None, result_out("cost.json")] = None,
     as_json: JsonOut = False,
 ):
     """Power and capital cost of electrical vs photonic rails across cluster sizes."""
@@ -121,6 +124,7 @@ def cost_cmd(
             raise ScenarioError(f"{n} GPUs do not fill servers of {gpus_per_server}", field="--gpus",
                                 fix=f"use multiples of --gpus-per-server ({gpus_per_server}), e.g. 256..16384")
     result = cost_sweep(counts, gpus_per_server=gpus_per_server, rail_speed=rail_speed)
+    save_result(out_dir, "cost.json", result.to_dict(), quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -143,6 +147,9 @@ def sweep_cmd(
     = None,
     cpus: Annotated[int | None, typer.Option("--cpus", help="Sweep file: CPUs of the local Ray [default: all]",
                                              show_default=False)] = None,
+    allow_failures: Annotated[bool, typer.Option("--allow-failures", help="Sweep file: exit 0 even when some "
+                                                 "cells failed (they are in the table either way; by default "
+                                                 "the exit code is 1).")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Folder for the table (sweep.csv, sweep.parquet), "
                                                  "sweep.json and the overhead figure [default: out/sweep, or "
                                                  "out/delay-sweep without a sweep file]", show_default=False)] = None,
@@ -164,10 +171,11 @@ def sweep_cmd(
                     raise ScenarioError("a sweep file says what to sweep", field=flag,
                                         fix="put ocs.reconfig_delay in the sweep file's grid")
             return _file_sweep(file, local=local, address=address, cpus=cpus, out_dir=out_dir, fmt=fmt, html=html,
-                               as_json=as_json)
-    for name, flag in (("local", "--local"), ("address", "--address"), ("cpus", "--cpus")):
+                               as_json=as_json, allow_failures=allow_failures)
+    for name, flag, what in (("local", "--local", "runs on Ray"), ("address", "--address", "runs on Ray"),
+                             ("cpus", "--cpus", "runs on Ray"), ("allow_failures", "--allow-failures", "has cells")):
         if given_on_command_line(name):
-            raise ScenarioError("only a sweep file runs on Ray", field=flag,
+            raise ScenarioError(f"only a sweep file {what}", field=flag,
                                 fix="give a sweep file (see examples/sweeps/debug.yaml)")
     from lightrail.report.rails import print_sweep, write_sweep
     from lightrail.studies.rails import delay_sweep
@@ -188,7 +196,9 @@ def sweep_cmd(
 
 
 def _file_sweep(file: Path, *, local: bool, address: str | None, cpus: int | None, out_dir: Path | None, fmt: str,
-                html: bool, as_json: bool) -> None:
+                html: bool, as_json: bool, allow_failures: bool = False) -> None:
+    """Run a sweep file and write its table. Some cells failing exits 1 (after everything is written), so a
+    script or CI job notices; ``--allow-failures`` exits 0. Every cell failing is an error (exit 2)."""
     from lightrail.report.sweep import print_file_sweep, write_file_sweep
     from lightrail.studies.sweep import load_sweep, run_sweep
 
@@ -212,3 +222,7 @@ def _file_sweep(file: Path, *, local: bool, address: str | None, cpus: int | Non
         print_json(result.to_dict())
     else:
         print_file_sweep(result, out, written)
+    if result.failed and not allow_failures:
+        err.print(f"{len(result.failed)} of {len(result.cells)} cells failed (status and error in the table); "
+                  "exit code 1 (--allow-failures: 0)", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)

@@ -41,6 +41,8 @@ from lightrail.cli.options import (
     progress_bar,
     progress_steps,
     renamed,
+    result_out,
+    save_result,
     writes_files,
 )
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
@@ -58,6 +60,7 @@ NodeBandwidth = Annotated[str, typer.Option("--bandwidth", help="Per-GPU link ra
 @friendly
 def stragglar_rounds_cmd(
     ranks: Annotated[str, typer.Option("--ranks", "-n", help="A rank count, a range 2..64 or a comma list.")] = "8",
+    out_dir: Annotated[Path | None, result_out("stragglar-rounds.json")] = None,
     as_json: JsonOut = False,
 ):
     """Phase-2 rounds of the synthesised StragglAR schedule against the lower bound, per rank count
@@ -71,6 +74,7 @@ def stragglar_rounds_cmd(
     with progress:
         result = stragglar_rounds(wanted, progress=lambda n: progress.update(
             task, advance=1, description=f"StragglAR rounds, n={n}"))
+    save_result(out_dir, "stragglar-rounds.json", result.to_dict(), quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -88,6 +92,7 @@ def stragglar_compare_cmd(
     bandwidth: NodeBandwidth = NVLINK_DEFAULT,
     latency: Latency = LATENCY_DEFAULT,
     alpha: Alpha = ALPHA_DEFAULT,
+    out_dir: Annotated[Path | None, result_out("stragglar-compare.json")] = None,
     as_json: JsonOut = False,
 ):
     """Time to finish with a straggler (rank n-1): StragglAR against Ring, halving-doubling, tree and
@@ -104,6 +109,7 @@ def stragglar_compare_cmd(
     result = straggler_comparison(ranks, parse_size(size, field="--size"),
                                   _study_delay(parse_time(late, field="--straggler-delay"), "--straggler-delay"),
                                   fabric, alpha=parse_time(alpha, field="--alpha"))
+    save_result(out_dir, "stragglar-compare.json", result.to_dict(), quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -119,6 +125,7 @@ def stragglar_run_cmd(
     delay: OldDelay = None,
     straggler: Annotated[int | None, typer.Option("--straggler", help="The late rank (default: ranks-1).")] = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed trials per method; the median is shown.")] = 5,
+    out_dir: Annotated[Path | None, result_out("stragglar-run.json")] = None,
     as_json: JsonOut = False,
 ):
     """Measure for real, on CPU gloo processes: StragglAR against lightrail's Ring and gloo's
@@ -142,6 +149,7 @@ def stragglar_run_cmd(
     busy = err.status(f"running {ranks} gloo processes") if err.is_terminal and not as_json else nullcontext()
     with busy:
         result = measure_straggler(ranks, nbytes, delay_s, straggler, repeats=repeats)
+    save_result(out_dir, "stragglar-run.json", result.to_dict(), quiet=as_json)
     if as_json:
         print_json(result.to_dict())
     else:

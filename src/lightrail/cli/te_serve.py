@@ -10,7 +10,16 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import friendly, out
-from lightrail.cli.options import JsonOut, check_count, check_out, print_json
+from lightrail.cli.options import (
+    JsonOut,
+    check_count,
+    check_out,
+    old_spelling,
+    print_json,
+    renamed,
+    result_out,
+    save_result,
+)
 from lightrail.cli.te import check_lambda, check_te_sizes, te_app
 from lightrail.errors import ScenarioError
 
@@ -50,13 +59,16 @@ def te_serve_cmd(
     kill: Annotated[int | None, typer.Option("--kill", show_default=False,
                                              help="SIGKILL this slice's controller (0..slices-1) during the run: "
                                                   "its blast radius, live.")] = None,
-    kill_at: Annotated[int | None, typer.Option("--kill-at", show_default=False,
-                                                help="Epoch at which --kill strikes (default: half way).")] = None,
+    kill_at_epoch: Annotated[int | None, typer.Option("--kill-at-epoch", show_default=False,
+                                                      help="Epoch at which --kill strikes (default: half way).")]
+    = None,
+    old_kill_at: Annotated[int | None, old_spelling("--kill-at", "--kill-at-epoch")] = None,
     port: Annotated[int, typer.Option("--port", help="Loopback port the controllers connect to (0: any free).")]
     = 0,
     allocations: Annotated[Path | None, typer.Option("--allocations", show_default=False,
                                                      help="Also write every allocation the network used to this "
                                                           "file (JSON lines: epoch, slice, paths, flows).")] = None,
+    out_dir: Annotated[Path | None, result_out("te-serve.json")] = None,
     as_json: JsonOut = False,
 ):
     """Run one controller process per slice on 127.0.0.1: every epoch the network publishes the true
@@ -70,6 +82,7 @@ def te_serve_cmd(
     from lightrail.te.service import serve_te
     from lightrail.te.slicing import Slicer
 
+    kill_at = renamed(kill_at_epoch, old_kill_at, old="--kill-at", new="--kill-at-epoch")  # as --kill-at-step
     check_te_sizes(paths=paths, load=load, matrices=epochs, matrices_field="--epochs")
     if lam is not None:
         check_lambda(lam)
@@ -117,6 +130,7 @@ def te_serve_cmd(
         if live is not None:
             with contextlib.suppress(Exception):
                 live.stop()
+    save_result(out_dir, "te-serve.json", run.to_dict(), quiet=as_json)
     if as_json:
         print_json(run.to_dict())
     else:

@@ -49,7 +49,7 @@ def print_replay(run: TraceRun, console, out_dir: Path | None) -> None:
     where = "electrical rails" if run.fabric == "electrical" else f"a {run.topology}"
     console.print(f"{run.scenario}: Chakra trace {run.source}, {run.ranks} ranks ({ops}) on {where}")
     console.print(f"  iteration {format_time(s['iteration_time_s'])}: compute {format_time(s['compute_s'])}, "
-                  f"communication {format_time(s['communication_s'])}, idle {format_time(s['idle_s'])} "
-                  "(mean per rank)")
+                  f"communication {format_time(s['communication_s'])}, waiting {format_time(s['waiting_s'])} "
+                  "(not computing: on communication or peers; mean per rank)")
     if out_dir is not None:
         console.print(f"  wrote {out_dir}/summary.json and trace.json (open in https://ui.perfetto.dev)")

@@ -51,7 +51,7 @@ class ReplayResult:
     def summary(self) -> dict:
         return {"iteration_time_s": self.iteration_time_s, "ranks": len(self.per_rank),
                 "compute_s": self._mean("compute_s"), "communication_s": self._mean("communication_s"),
-                "idle_s": self._mean("idle_s")}
+                "waiting_s": self._mean("waiting_s")}
 
     def to_dict(self) -> dict:
         return {**self.summary(), "per_rank": self.per_rank}
@@ -236,6 +236,8 @@ def replay(trace: ChakraTrace, collective: Callable[[TraceNode, tuple[int, ...]]
                                   "collective or send whose partners never arrive", field=f"rank {r}",
                                   fix="check the trace's dependencies, groups and send/recv pairs")
     total = max(end_time, default=0.0)
-    per_rank = [{"rank": r, "end_s": end_time[r], **totals[r], "idle_s": total - totals[r]["compute_s"]}
+    # waiting: the iteration's time a rank is not computing, i.e. communicating or waiting for a peer or a
+    # dependency (not idle: a rank whose collective is on the wire is busy, only not computing)
+    per_rank = [{"rank": r, "end_s": end_time[r], **totals[r], "waiting_s": total - totals[r]["compute_s"]}
                 for r in range(world)]
     return ReplayResult(total, per_rank, events)

@@ -104,10 +104,10 @@ def check_serve(*, seed: int, slices: int, epochs: int, interval: float, kill: i
         raise ScenarioError(f"no slice {kill} among {slices}", field="--kill", fix=f"a slice 0..{slices - 1}")
     if kill_at is not None:
         if kill is None:
-            raise ScenarioError("says when to kill, but not which slice", field="--kill-at",
+            raise ScenarioError("says when to kill, but not which slice", field="--kill-at-epoch",
                                 fix="give --kill SLICE too")
         if kill_at < 0 or (epochs and kill_at >= epochs):
-            raise ScenarioError(f"epoch {kill_at}", field="--kill-at",
+            raise ScenarioError(f"epoch {kill_at}", field="--kill-at-epoch",
                                 fix=f"an epoch 0..{epochs - 1}" if epochs else "an epoch >= 0")
 
 
