@@ -27,7 +27,7 @@ DEMO = [*CLI, "demo", "--clients", "200", "--jobs", "2", "--rounds", "2", "--jso
 def demos():
     """Both demo runs at once (plain, and with leaf 0 killed in round 1): their parsed JSON outputs."""
     procs = {"plain": subprocess.Popen(DEMO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-             "kill": subprocess.Popen([*DEMO, "--kill-leaf-at-round", "1"], stdout=subprocess.PIPE,
+             "kill": subprocess.Popen([*DEMO, "--kill", "leaf", "--kill-at-round", "1"], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)}
     out = {}
     try:
@@ -71,6 +71,7 @@ def test_demo_with_a_leaf_killed_loses_and_doubles_nothing(demos):
     assert k is not None and k["leaf"] == 0 and k["round"] >= 1
     assert r["leaves_replaced"] == 1 and r["data_plane"]["replaced_leaves"] == [0]
     assert r["data_plane"]["leaf_refusals"] == 0
+    assert r["killed"]["service"] == "leaf" and r["killed"]["replaced"] is True
 
 
 # ---- fl serve: a killed leaf's acknowledged results reach the root through its replacement ---------------------

@@ -153,9 +153,13 @@ class Killer:
             await self.task
         if self.killed is None or self.killed.get("pid") is None or self.service == "postgres_backend":
             return self.killed
-        row = await asyncio.to_thread(self._row, self.service)
-        return {**self.killed, "replaced": bool(row and row["pid"] != self.killed["pid"]),
-                "new_pid": row["pid"] if row else None}
+        deadline = time.monotonic() + 60.0  # the run may end before the supervisor has replaced it
+        while True:
+            row = await asyncio.to_thread(self._row, self.service)
+            replaced = bool(row and row["pid"] != self.killed["pid"])
+            if replaced or time.monotonic() > deadline:
+                return {**self.killed, "replaced": replaced, "new_pid": row["pid"] if row else None}
+            await asyncio.sleep(0.1)
 
 
 async def _call(http, method: str, url: str, *, timeout: float, **kw):
