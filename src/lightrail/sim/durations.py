@@ -119,10 +119,12 @@ class OpDurations:
         lay, fab = self.layout, self.fabric
         g = lay.gpus_per_server
         none = np.zeros(0, np.int64)
-        ranks = np.concatenate([np.concatenate(pair) for pair in req.steps]) if req.steps else np.zeros(0, int)
-        if not len(ranks):
+        present = np.zeros(lay.world, bool)  # the ranks the steps name: marked, not sorted (steps x ranks values)
+        for src, dst in req.steps:
+            present[src] = present[dst] = True
+        if not present.any():
             return 0.0, 0.0, none, none, none, np.zeros(0), {}
-        servers = np.unique(lay.server(ranks))
+        servers = np.unique(lay.server(np.flatnonzero(present)))
         local = (lambda r: np.searchsorted(servers, lay.server(r)) * g + lay.rail(r))  # noqa: E731
         if fab.circuits:
             rail, tx, rx = req.circuits

@@ -144,6 +144,8 @@ class _Rails:
         self.rx_lease[self.rx_lease == stage] = -1
 
     def _revoke(self, tx_ports, rx_ports) -> None:
+        if not self.leased:  # no lease anywhere (a lease's ports are marked only while it is in ``leased``)
+            return
         held = np.bincount(np.concatenate([self.tx_lease[tx_ports], self.rx_lease[rx_ports]]) + 1)  # -1: none
         for stage in (np.flatnonzero(held[1:])).tolist():
             self._drop(stage)
@@ -159,10 +161,6 @@ class _Rails:
         busy, held = np.zeros(rails), np.zeros(rails, bool)
         for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
-            if len(rail) > 64 and (rail == rail[0]).all():  # one rail's many ports (a whole switch): no ufunc.at
-                busy[rail[0]] = max(busy[rail[0]], when[rail[0], port].max())
-                held[rail[0]] |= bool((lease[rail[0], port] >= 0).any())
-                continue
             np.maximum.at(busy, rail, when[rail, port])
             np.logical_or.at(held, rail, lease[rail, port] >= 0)
         if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
@@ -170,6 +168,25 @@ class _Rails:
         # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
         # a holder inside an op acks when it ends
         return np.where(held, np.maximum(decision + revoke, busy + revoke / 2), busy + half)
+
+    def _free_rail(self, r: int, decision: float) -> float:
+        """:meth:`_free` of every port of rail ``r`` (a whole-switch rewrite), over the rail's rows at once."""
+        if not self.fabric.drain:
+            return 0.0
+        state, half, revoke = self.state, self.fabric.rtt / 2, self.fabric.revoke
+        busy = max(0.0, float(state.tx_busy[r].max()), float(state.rx_busy[r].max()))
+        if self.policy.mode is Mode.PROVISIONED:
+            return busy + half
+        held = bool(self.leased) and bool((self.tx_lease[r] >= 0).any() or (self.rx_lease[r] >= 0).any())
+        return max(decision + revoke, busy + revoke / 2) if held else busy + half
+
+    def _revoke_rail(self, r: int) -> None:
+        """:meth:`_revoke` of every port of rail ``r``."""
+        if not self.leased:
+            return
+        held = np.bincount(np.concatenate([self.tx_lease[r], self.rx_lease[r]]) + 1)
+        for stage in np.flatnonzero(held[1:]).tolist():
+            self._drop(stage)
 
     # -- switching -------------------------------------------------------------------------------------
     def ensure(self, req: Requirement, decision: float) -> float:
@@ -191,7 +208,6 @@ class _Rails:
     def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
         rail, tx, rx = req.circuits
-        ports = np.arange(self.state.tx_target.shape[1])
         for r in np.unique(rail):
             sel = rail == r
             present = bool(np.all(self.state.present(r, tx[sel], rx[sel])))
@@ -201,10 +217,9 @@ class _Rails:
             if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
                 self.holds[r] = req.phase
                 continue
-            whole = (np.full(len(ports), r), ports)
-            start = max(decision, float(self._free(whole, whole, decision)[r]))  # drain the whole rail
+            start = max(decision, self._free_rail(r, decision))  # drain the whole rail
             end, changed = self.state.rewrite(r, new, start)
-            self._revoke(whole, whole)
+            self._revoke_rail(r)
             self.holds[r] = req.phase
             self.reconfigs.append((int(r), start, end, changed, req.phase))
 
