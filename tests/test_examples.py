@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -28,33 +30,35 @@ def test_custom_fabric_example_runs_and_circuits_help_recursive_doubling():
                                                                              "electrical switch")] * 1.0000001
 
 
-def test_torchrun_recipe_runs_a_job_on_the_lightrail_backend_with_its_layout_from_the_environment(tmp_path):
-    """The README's torchrun recipe, for real: a controller process, a job registered by the operator, four
-    processes started by torchrun (2 servers of 2 GPUs, TP 2, DP 2) whose DP all-reduces cross the rails."""
+@pytest.mark.slow  # torchrun and four torch processes: ~20 s on 2 shared cores
+def test_torchrun_recipe_runs_a_job_whose_ranks_cross_rails_with_the_losses_of_plain_gloo(tmp_path):
+    """The README's torchrun recipe, for real, with no layout given: a controller process, a job registered by
+    the operator, four processes on one machine started by torchrun. The recipe's default puts them in emulated
+    servers of 2 (TP 2 x DP 2), so the DP all-reduces cross the rails and go through the controller; trained
+    again on plain gloo groups (``--compare-gloo``), the losses are bit-identical."""
     import json
     import os
     import shutil
-
-    import pytest
 
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this Python (pip install torch)")
     from lightrail.studies.photonic_demo import register_job, start_controller
 
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_")} | {"OMP_NUM_THREADS": "1"}
     proc, ready = start_controller(tmp_path / "controller.db", rails=2, ports=4, delay_s=0.001)
     try:
         token = register_job(ready["admin_port"], ready["operator_token"], "tr", 4)
-        env = {**os.environ, "LIGHTRAIL_CONTROLLER": f"127.0.0.1:{ready['port']}", "LIGHTRAIL_JOB": "tr",
-               "LIGHTRAIL_TOKEN": token, "LIGHTRAIL_TP": "2", "LIGHTRAIL_GPUS_PER_SERVER": "2",
-               "OMP_NUM_THREADS": "1"}
-        result = subprocess.run([torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "4",
-                                 "--local-ranks-filter", "0", str(EXAMPLES / "torchrun_lightrail.py")],
-                                capture_output=True, text=True, timeout=300, env=env)
+        env |= {"LIGHTRAIL_CONTROLLER": f"127.0.0.1:{ready['port']}", "LIGHTRAIL_JOB": "tr", "LIGHTRAIL_TOKEN": token}
+        done = subprocess.run([torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "4",
+                               "--local-ranks-filter", "0", str(EXAMPLES / "torchrun_lightrail.py"),
+                               "--compare-gloo"], capture_output=True, text=True, timeout=300, env=env)
     finally:
         proc.terminate()
         proc.wait(30)
-    assert result.returncode == 0, result.stderr[-2000:]
-    line = json.loads([x for x in result.stdout.splitlines() if x.startswith("{")][-1])
-    assert line["world"] == 4 and line["dp_group"] == [0, 2] and line["sum"] == line["expected"] == 2.0
-    assert line["stats"]["requests"] > 0  # the DP ring crosses the rails: its circuits went through the controller
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][-1])
+    assert line["layout"] == "TP2 x DP2" and line["servers"] == 2 and line["dp_group"] == [0, 2]
+    assert line["requests"] > 0 and line["stats"]["ops"] > 0  # the DP ring crossed the rails
+    assert len(line["losses"]) == 5 and line["losses"] == line["gloo_losses"] and line["identical"]  # bit-identical
+    assert line["losses"][-1] < line["losses"][0]  # it trains

@@ -32,7 +32,38 @@ import torch.multiprocessing as mp
 
 from lightrail.errors import InfeasibleError, LightrailError
 
-__all__ = ["free_port", "run_processes", "run_elastic", "Elastic", "Notice"]
+__all__ = ["free_port", "run_processes", "run_elastic", "Elastic", "Notice", "torchrun_layout",
+           "EMULATED_GPUS_PER_SERVER"]
+
+EMULATED_GPUS_PER_SERVER = 2
+"""GPUs per emulated server when every process runs on one machine: small, so that a job of a few processes
+still spans servers and its data-parallel (and pipeline) groups cross the rails through the controller."""
+
+
+def torchrun_layout(world: int, *, local_world: int | None = None, gpus_per_server: int | None = None,
+                    tp: int | None = None, pp: int = 1):
+    """The rank layout of a job of ``world`` processes, ``local_world`` per machine (torchrun's
+    ``LOCAL_WORLD_SIZE``), in which ranks cross rails.
+
+    ``gpus_per_server`` default: one machine per server when the job spans machines; when it all runs on one
+    machine, servers of :data:`EMULATED_GPUS_PER_SERVER` (1 for an odd world), since one server holding every
+    rank would keep all traffic on NVLink and no group would ever ask the controller for a circuit. ``tp``
+    default: a server's GPUs (TP inside a server, as Megatron places it); DP is the rest, across servers.
+
+    >>> str(torchrun_layout(8, local_world=8))
+    'TP2 x DP4'
+    >>> torchrun_layout(8, local_world=8).servers
+    4
+    """
+    from lightrail.workload.parallel import Layout
+
+    if gpus_per_server is None:
+        if local_world is not None and 0 < local_world < world:
+            gpus_per_server = local_world
+        else:
+            gpus_per_server = EMULATED_GPUS_PER_SERVER if world % EMULATED_GPUS_PER_SERVER == 0 else 1
+    return Layout.from_degrees(world, tp=gpus_per_server if tp is None else tp, pp=pp,
+                               gpus_per_server=gpus_per_server)
 
 
 def free_port() -> int:
