@@ -30,15 +30,16 @@ def json_logging(log: logging.Logger) -> None:
 
 
 async def start_web(app, host: str, port: int, *, what: str, lifespan: str = "off", access_log: bool = False,
-                    sock=None):
+                    sock=None, **options):
     """Serve ``app`` with uvicorn on ``host:port`` (0: any free port) in the running loop; returns
     ``(server, task, port)`` once it listens. A bind error is raised here, not lost in the task; stop it with
     ``server.should_exit = True`` and ``await task``. ``sock``: a listening socket to serve on instead (a
-    supervisor's, handed down so a replaced process keeps its predecessor's address)."""
+    supervisor's, handed down so a replaced process keeps its predecessor's address). ``options``: more
+    ``uvicorn.Config`` settings (the controller's connection bounds: ``http``, ``timeout_keep_alive``...)."""
     import uvicorn
 
     web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
-                                        access_log=access_log))
+                                        access_log=access_log, **options))
     task = asyncio.create_task(web.serve(sockets=[sock] if sock is not None else None))
     while not web.started:
         if task.done():

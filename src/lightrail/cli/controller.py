@@ -46,6 +46,9 @@ def controller_serve_cmd(
         "this long (default: the heartbeat timeout + 2s); a close alone may be a rank reconnecting.")] = None,
     max_connections: Annotated[int | None, typer.Option(
         "--max-connections", help="Rank connections at once (default 4096, capped by the fd limit).")] = None,
+    accept_state_rollback: Annotated[bool, typer.Option(
+        "--accept-state-rollback", help="Start on a state file older than the epoch the controller acknowledged "
+        "(<state>.epoch): its lost changes stay lost.")] = False,
     frontend: Annotated[str | None, typer.Option(
         "--frontend", help="Who owns the rank connections: loop (the event loop) or native (a C concentrator, "
         "compiled with cc at start-up: the kernel's per-connection work on another core).")] = None,
@@ -53,15 +56,25 @@ def controller_serve_cmd(
     """Run the controller: circuit state and port ownership in SQLite (WAL), the rank protocol on
     --port, the admin API (/state, /jobs, /metrics) on --admin-port. Prints one JSON `ready` line.
     The state file is locked to this controller: a second one on it exits 2, naming the first."""
-    from lightrail.runtime.controller.config import default_config, load_config
+    from lightrail.runtime.controller.config import (
+        MAX_DEVICES,
+        MAX_PORTS,
+        MAX_TOTAL_PORTS,
+        default_config,
+        load_config,
+    )
     from lightrail.runtime.controller.server import check_startup, serve
 
     ocs_delay = renamed(ocs_delay, delay, old="--delay", new="--ocs-delay")
     if config is not None:
         cfg = load_config(config)
     else:
-        if rails < 1 or ports < 1:
-            raise ScenarioError("must be at least 1", field="--rails" if rails < 1 else "--ports")
+        for flag, value, most in (("--rails", rails, MAX_DEVICES), ("--ports", ports, MAX_PORTS)):
+            if not 1 <= value <= most:
+                raise ScenarioError(f"{flag} {value} is out of range", field=flag, fix=f"use 1..{most}")
+        if rails * ports > MAX_TOTAL_PORTS:
+            raise ScenarioError(f"--rails {rails} x --ports {ports} = {rails * ports} ports, more than "
+                                f"{MAX_TOTAL_PORTS}", field="--ports", fix="fewer rails or ports per rail")
         cfg = default_config(rails=rails, ports=ports, delay=parse_time(ocs_delay, field="--ocs-delay"))
     overrides = {k: v for k, v in (("port", port), ("admin_port", admin_port)) if v is not None}
     for flag, v in overrides.items():
@@ -97,8 +110,9 @@ def controller_serve_cmd(
                                     "print(secrets.token_urlsafe(32))'")
         overrides["operator_token"] = token
     cfg = cfg.model_copy(update=overrides)
-    check_startup(cfg, str(state))  # a directory, an unwritable path or a port in use: one line, nothing written
+    # a directory, an unwritable, corrupt or rolled-back state, a full disk or a port in use: one line, nothing written
+    check_startup(cfg, str(state), accept_rollback=accept_state_rollback)
     try:
-        serve(cfg, str(state))
+        serve(cfg, str(state), accept_rollback=accept_state_rollback)
     except OSError as e:
         raise ScenarioError(f"cannot listen: {e}", field="--port", fix="pick free ports or 0") from None

@@ -182,7 +182,8 @@ def test_admin_without_or_with_a_wrong_operator_token_is_refused(two_tenants, me
 def test_a_foreign_host_header_is_refused_on_every_endpoint(two_tenants, path):
     _, admin, _, _, _, _ = two_tenants
     before = admin.view()
-    for host in ("evil.example", "evil.example:80", "127.0.0.1.evil.example", "[::2]:1"):
+    for host in ("evil.example", "evil.example:80", "127.0.0.1.evil.example", "[::2]:1", "localhost:abc", "::1",
+                 "[::1]x", "localhost:80:80", "localhost:", "127.0.0.1.:80"):
         r = admin.get(path, Host=host)
         assert r.status_code == 400, (host, r.text)
         assert r.json()["field"] == "Host"

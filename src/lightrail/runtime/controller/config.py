@@ -31,7 +31,15 @@ from lightrail.fabric.params import RECONFIG_DELAY
 from lightrail.units import parse_time
 from lightrail.validation import first_error, read_mapping
 
-__all__ = ["DeviceConfig", "ControllerConfig", "load_config", "default_config"]
+__all__ = ["DeviceConfig", "ControllerConfig", "load_config", "default_config", "MAX_DEVICES", "MAX_PORTS",
+           "MAX_TOTAL_PORTS"]
+
+MAX_DEVICES = 1024
+"""OCS devices one controller owns (rails: 8 per H100 server; 1,024 leaves room)."""
+MAX_PORTS = 65536
+"""Ports per device (the largest OCS sold has 1,152; issue 31: --ports 1e9 died of MemoryError)."""
+MAX_TOTAL_PORTS = 1 << 20
+"""Ports over all devices: the emulated drivers hold arrays per port (issue 31: --rails 1e6 never became ready)."""
 
 
 class _Strict(BaseModel):
@@ -41,7 +49,7 @@ class _Strict(BaseModel):
 class DeviceConfig(_Strict):
     name: str = Field(min_length=1)
     driver: str = "emulated"
-    ports: int = Field(64, ge=1)
+    ports: int = Field(64, ge=1, le=MAX_PORTS)
     delay: float = RECONFIG_DELAY  # seconds; the one default, in fabric/params.py (with its source)
     duplex: bool = False
 
@@ -55,7 +63,7 @@ class ControllerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(7600, ge=0, le=65535)
     admin_port: int = Field(7601, ge=0, le=65535)
-    devices: list[DeviceConfig] = Field(min_length=1)
+    devices: list[DeviceConfig] = Field(min_length=1, max_length=MAX_DEVICES)
     # Tenancy: the admin API's bearer token (None: `serve` takes --operator-token-file, the environment's
     # LIGHTRAIL_OPERATOR_TOKEN, or generates one and prints it in its ready line), and the Host header names
     # the admin API answers to (with or without a port), besides ``host``: the DNS-rebinding guard.
@@ -90,6 +98,9 @@ class ControllerConfig(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"device name {dup[0]!r} appears twice")
+        total = sum(d.ports for d in v)
+        if total > MAX_TOTAL_PORTS:
+            raise ValueError(f"{total} ports over all devices is more than {MAX_TOTAL_PORTS}")
         return v
 
 

@@ -105,6 +105,8 @@ __all__ = ["Controller", "Failover", "GroupState", "GroupStatus", "RankFailed", 
 
 _NEVER = float("-inf")  # a time before any: no switch, no revoke yet
 _EPS = 1e-9  # seconds: a deadline this close counts as reached (float rounding of now + delay)
+PERSISTED = ("grants", "unsafe_reconfigurations", "failovers")
+"""Counters kept in the state file, so they sum over the controller's restarts (issue 31 item 7)."""
 RESYNC_GRACE_S = 30.0  # after a restart: the client's reconnect bound (reconnect_timeout, docs/controller.md)
 
 
@@ -317,7 +319,11 @@ class Controller:
         self._lit = self.grant_latency["lit"]  # the common kind, without the lookup
         self.counters: dict[str, float] = {"requests": 0, "errors": 0, "grants": 0, "grants_without_change": 0,
                                            "leases": 0, "revocations": 0, "lease_yields": 0, "rejoins": 0,
-                                           "unsafe_reconfigurations": 0}
+                                           "unsafe_reconfigurations": 0, "failovers": 0}
+        durable = store.counters()
+        for k in PERSISTED:
+            self.counters[k] = durable.get(k, 0.0)
+        self._flushed = {k: self.counters[k] for k in PERSISTED}  # what the state file holds
         self._lease_ids = itertools.count(1)
         self._order = itertools.count(1)
         self.applies: deque[dict] = deque(maxlen=1000)  # recent reconfigurations, for the admin API and tests
@@ -721,6 +727,7 @@ class Controller:
         until = {(d, p): wall + self.devices[d].delay_s for d, (_, _, ins, outs) in plan.items() for p in ins | outs}
         counters = {k: v for d, (c, _, _, _) in plan.items()
                     for k, v in ((f"reconfigurations:{d}", 1), (f"circuit_changes:{d}", len(c)))}
+        counters["failovers"] = 1
         self.store.failover(job, rank, spare, epoch, {d: after for d, (_, after, _, _) in plan.items()}, until,
                             counters)  # write first
         # memory: the job's groups start a fresh round on the new ports (its ranks rebuild and re-acquire)
@@ -746,6 +753,8 @@ class Controller:
                                  "busy_inputs": [], "busy_outputs": []})
         for device, (port, _) in moved.items():
             self.owner.pop((device, port), None)
+        self.counters["failovers"] += 1
+        self._flushed["failovers"] += 1  # written with the failover
         ranks = info["ranks"]
         ranks[rank] = ranks.pop(spare)
         info["epoch"] = epoch
@@ -761,6 +770,14 @@ class Controller:
             self._wake_at(now + rewire_s)
         self._schedule()
         return {"failover": True, "spare": spare, "epoch": epoch, "rewire_s": rewire_s}
+
+    def flush_counters(self) -> None:
+        """Write what the persisted counters (:data:`PERSISTED`) gained since the last flush (the server calls this
+        every sweep and when it stops; a grant is not worth a write of its own)."""
+        gained = {k: self.counters[k] - self._flushed[k] for k in PERSISTED if self.counters[k] != self._flushed[k]}
+        if gained:
+            self.store.add_counters(gained)
+            self._flushed.update({k: self.counters[k] for k in gained})
 
     def port_failed(self, device: str, port: int) -> dict:
         """The operator marks a port dead (persisted): groups using it are refused, their waiters woken,

@@ -30,6 +30,9 @@ __all__ = ["Hello", "Heartbeat", "Group", "Acquire", "Release", "Ack", "Yield", 
 
 INT64 = (-(1 << 63), (1 << 63) - 1)  # what a rank's ids, ranks and ports may be (SQLite's INTEGER)
 MAX_DEPTH = 64  # JSON nesting levels a request may have (ours have 3)
+MAX_NAME = 256
+"""Characters in a name a job stores (job, group key, phase): bounded, so the controller's memory and ``GET /jobs``
+are too (issue 31: 400 group keys of 1 MB took 370 MB of RSS and a 400 MB reply)."""
 OP_NO = Field(default=None, ge=0, le=INT64[1])  # acquire's and hold's op number; absent (None): an older client
 
 
@@ -42,7 +45,7 @@ class Hello(_Message):
     """A rank joins its job and claims its NIC's port on each rail device (input and output of that index)."""
 
     op: Literal["hello"]
-    job: str = Field(min_length=1)
+    job: str = Field(min_length=1, max_length=MAX_NAME)
     rank: int = Field(ge=0)
     world: int = Field(ge=1)
     ports: dict[str, int]
@@ -69,8 +72,8 @@ class Group(_Message):
 
     op: Literal["group"]
     job: str
-    key: str = Field(min_length=1)
-    phase: str = "other"
+    key: str = Field(min_length=1, max_length=MAX_NAME)
+    phase: str = Field("other", max_length=MAX_NAME)
     members: list[int] = Field(min_length=1)
     circuits: dict[str, dict[int, int]] = {}
 

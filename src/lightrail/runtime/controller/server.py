@@ -35,6 +35,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -51,6 +52,7 @@ from lightrail.errors import InfeasibleError, LightrailError, ScenarioError
 from lightrail.runtime.controller.config import ControllerConfig
 from lightrail.runtime.controller.core import Controller
 from lightrail.runtime.controller.protocol import (
+    MAX_NAME,
     Acquire,
     Bye,
     Hello,
@@ -61,7 +63,7 @@ from lightrail.runtime.controller.protocol import (
     parse_request,
     request_id,
 )
-from lightrail.runtime.controller.store import Store
+from lightrail.runtime.controller.store import Store, check_state
 from lightrail.web import json_logging, start_web
 
 __all__ = ["serve", "admin_app", "metrics_text", "require_service", "RankServer", "StateLock", "check_startup",
@@ -71,6 +73,13 @@ log = logging.getLogger("lightrail.controller")
 
 TOKEN_ENV = "LIGHTRAIL_OPERATOR_TOKEN"
 FD_RESERVE = 64  # file descriptors kept for the admin API, SQLite and logs when capping connections
+ADMIN_MAX_CONNECTIONS = 32
+"""Admin API connections at once, within ``FD_RESERVE`` (the rank connections are capped below the fd limit by it):
+past it, the oldest connection with no request in progress makes room (issue 31: half-open requests held 3,000
+descriptors and /healthz failed at a 1,024-fd limit)."""
+ADMIN_HEADER_TIMEOUT_S = 10.0
+"""An admin connection with no request in progress this long after it opened or its last response is closed (a
+request's headers must arrive within it; uvicorn has no header timeout)."""
 REJOIN_MARGIN_S = 2.0
 """Added to ``heartbeat_timeout`` for the default ``rejoin_timeout``: the client's reconnect backoff cap (1 s,
 ``client.BACKOFF``) plus a hello's round trip, with room to spare."""
@@ -235,7 +244,7 @@ class _Collector:
 
     COUNTERS = [("requests", "requests_total", "Protocol requests received."),
                 ("errors", "request_errors_total", "Requests refused with an error."),
-                ("grants", "grants_total", "Groups granted."),
+                ("grants", "grants_total", "Groups granted (persisted: summed over restarts)."),
                 ("grants_without_change", "grants_without_change_total", "Groups granted with their circuits "
                  "already lit."),
                 ("leases", "leases_total", "Grants that were leases."),
@@ -244,7 +253,8 @@ class _Collector:
                  "not yet sent)."),
                 ("rejoins", "rejoins_total", "Members behind in a revoked lease let in to run their remaining ops."),
                 ("unsafe_reconfigurations", "unsafe_reconfigurations_total", "Reconfigurations that changed a port "
-                 "with traffic."),
+                 "with traffic (persisted: summed over restarts)."),
+                ("failovers", "failovers_total", "Failed ranks replaced by a spare (persisted: summed over restarts)."),
                 ("refused", "refused_total", "Requests refused for speaking for another job or rank (or a bad "
                  "token)."),
                 ("connections_refused", "connections_refused_total", "Connections refused at max_connections."),
@@ -513,6 +523,14 @@ class RankServer:
         while True:
             await asyncio.sleep(self.period())
             self.sweep()
+            self.flush()
+
+    def flush(self) -> None:
+        """Persist the controller's safety counters (a busy state file: next time)."""
+        flush = getattr(self.controller, "flush_counters", None)
+        if flush is not None:
+            with contextlib.suppress(LightrailError):
+                flush()
 
     # -- one connection -----------------------------------------------------------------------------------------
     def protocol(self) -> _RankProtocol:
@@ -827,7 +845,7 @@ class NewJob(BaseModel):
     """Body of ``POST /jobs``."""
 
     model_config = ConfigDict(extra="forbid")
-    job: str = Field(min_length=1, max_length=256)
+    job: str = Field(min_length=1, max_length=MAX_NAME)
     world: int = Field(ge=1, le=1 << 20)
     spares: int = Field(0, ge=0, le=1 << 20)
 
@@ -835,18 +853,75 @@ class NewJob(BaseModel):
 _OPEN = {("GET", "/healthz"), ("GET", "/metrics")}
 
 
-def _host_name(host: str) -> str:
-    """``Host`` header -> host name: ``[::1]:80`` -> ``::1``, ``localhost:7601`` -> ``localhost``."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+_HOST = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9._-]+))(?::[0-9]{1,5})?")
+
+
+def _host_name(host: str) -> str | None:
+    """``Host`` header -> host name, exactly: ``[::1]:80`` -> ``::1``, ``localhost:7601`` -> ``localhost``; None
+    for anything else (a non-numeric port, a bare IPv6 address, text around the name)."""
+    m = _HOST.fullmatch(host.strip().lower())
+    if m is None:
+        return None
+    if m.group(1) is not None:  # [v6] with an optional port
+        return m.group(1)
+    return m.group(2)
 
 
 def _status(e: LightrailError) -> int:
-    """409 for a conflict with the state (a job registered twice, a port still switching), 400 otherwise."""
+    """507 when the state file's disk is full, 503 when it is busy (the server's trouble, not the request's), 409
+    for a conflict with the state (a job registered twice, a port still switching), 400 otherwise."""
+    if e.field == "state":
+        return 507 if "full" in e.message else 503
     fix = e.fix or ""
     return 409 if isinstance(e, InfeasibleError) and (fix.startswith("retry after") or e.field == "job") else 400
+
+
+def guarded_http(max_connections: int = ADMIN_MAX_CONNECTIONS, header_timeout: float = ADMIN_HEADER_TIMEOUT_S):
+    """uvicorn's HTTP protocol with the bounds it lacks: at most ``max_connections`` at once (a new one past it
+    closes the oldest with no request in progress, so a flood of half-open requests cannot lock /healthz out; if
+    every one is busy, the new one is closed), and a connection with no request in progress ``header_timeout``
+    after it opened or its last response is closed."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    live: dict = {}  # connection -> None, oldest first
+
+    class Guarded(AutoHTTPProtocol):
+        _timer = None
+        _refused = False
+
+        def _busy(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is not None and not cycle.response_complete
+
+        def connection_made(self, transport) -> None:
+            if len(live) >= max_connections:
+                idle = next((c for c in live if not c._busy()), None)
+                if idle is None:
+                    self._refused = True
+                    transport.close()
+                    return
+                idle._expire(force=True)
+            live[self] = None
+            super().connection_made(transport)
+            self._timer = asyncio.get_running_loop().call_later(header_timeout, self._expire)
+
+        def _expire(self, force: bool = False) -> None:
+            if not force and self._busy():
+                self._timer = asyncio.get_running_loop().call_later(header_timeout, self._expire)
+                return
+            live.pop(self, None)
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            if self._refused:
+                return
+            live.pop(self, None)
+            if self._timer is not None:
+                self._timer.cancel()
+            super().connection_lost(exc)
+
+    return Guarded
 
 
 def admin_app(controller: Controller, *, token: str | None = None, server: RankServer | None = None):
@@ -856,7 +931,7 @@ def admin_app(controller: Controller, *, token: str | None = None, server: RankS
     from fastapi.responses import JSONResponse, Response
 
     token = token or controller.config.operator_token
-    hosts = {h.lower() for h in [*controller.config.allowed_hosts, controller.config.host]}
+    hosts = {h.lower().strip("[]") for h in [*controller.config.allowed_hosts, controller.config.host]}
     metrics = getattr(controller, "metrics", None) or Metrics(controller, server)
     controller.metrics = metrics  # metrics_text(controller) reads the same registry
     rlog = server.rlog if server is not None else RateLog()
@@ -999,9 +1074,10 @@ class StateLock:
             os.close(self.fd)
 
 
-def check_startup(config: ControllerConfig, state_path: str) -> None:
+def check_startup(config: ControllerConfig, state_path: str, *, accept_rollback: bool = False) -> None:
     """Everything that would make ``serve`` fail after it started work, checked first (nothing written): the
-    state path is a file we can create, and the ports are free."""
+    state path is a file we can create, holding a usable state no older than it acknowledged (``check_state``),
+    and the ports are free."""
     state = Path(state_path)
     if state.is_dir():
         raise ScenarioError(f"{state_path} is a directory", field="--state", fix="give a file, e.g. "
@@ -1012,6 +1088,7 @@ def check_startup(config: ControllerConfig, state_path: str) -> None:
             state.exists() and not os.access(state, os.R_OK | os.W_OK)):
         raise ScenarioError(f"cannot write the state file {state_path}", field="--state",
                             fix="give a path in a writable directory")
+    check_state(state, accept_rollback=accept_rollback)
     for flag, port in (("--port", config.port), ("--admin-port", config.admin_port)):
         if port == 0:
             continue
@@ -1070,7 +1147,9 @@ async def _serve(config: ControllerConfig, state_path: str, ready, concentrator:
         port = server.sockets[0].getsockname()[1]
     try:
         web, web_task, admin_port = await start_web(admin_app(controller, token=token, server=ranks), config.host,
-                                                    config.admin_port, what="admin API", access_log=False)
+                                                    config.admin_port, what="admin API", access_log=False,
+                                                    http=guarded_http(), timeout_keep_alive=5,
+                                                    h11_max_incomplete_event_size=16 * 1024)
     except (OSError, SystemExit) as e:
         raise ScenarioError(f"cannot listen on {config.host}:{config.admin_port} ({e})", field="--admin-port",
                             fix="pick a free port, or 0 for any") from None
@@ -1098,6 +1177,7 @@ async def _serve(config: ControllerConfig, state_path: str, ready, concentrator:
     web.should_exit = True
     server.close()
     await web_task
+    ranks.flush()
     store.close()
     lock.release()
     if lost:
@@ -1105,12 +1185,12 @@ async def _serve(config: ControllerConfig, state_path: str, ready, concentrator:
                              "holds the circuits; ranks reconnect)")
 
 
-def serve(config: ControllerConfig, state_path: str, *, ready=None) -> None:
+def serve(config: ControllerConfig, state_path: str, *, ready=None, accept_rollback: bool = False) -> None:
     """Run the controller until SIGTERM/SIGINT; ``ready(info)`` is called once it listens (default:
     print the info as one JSON line on stdout). Without the extra ``service``, a LightrailError first;
     a state path or port that cannot work, a ScenarioError before anything is written."""
     require_service()  # before the log handler and the event loop: a missing extra is a one-line error
-    check_startup(config, state_path)
+    check_startup(config, state_path, accept_rollback=accept_rollback)
     json_logging(log)
     ready = ready or (lambda info: print(json.dumps({"event": "ready", **info}), flush=True))
     native = config.frontend == "native"
