@@ -14,12 +14,14 @@ rebuild their groups under the next generation's store prefix.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import multiprocessing.connection as mp_connection
 import os
 import pickle
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -32,7 +34,7 @@ import torch.multiprocessing as mp
 
 from lightrail.errors import InfeasibleError, LightrailError
 
-__all__ = ["free_port", "run_processes", "run_elastic", "Elastic", "Notice", "torchrun_layout",
+__all__ = ["die_with_parent", "free_port", "run_processes", "run_elastic", "Elastic", "Notice", "torchrun_layout",
            "EMULATED_GPUS_PER_SERVER"]
 
 EMULATED_GPUS_PER_SERVER = 2
@@ -66,6 +68,23 @@ def torchrun_layout(world: int, *, local_world: int | None = None, gpus_per_serv
                                gpus_per_server=gpus_per_server)
 
 
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()  # looked up here: a preexec_fn runs in a forked child, where loading a library may deadlock
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies, however it dies (SIGKILL too), so a killed launcher
+    leaves no worker or controller running on (issue 31 item 6). Elsewhere, nothing. Safe as a ``preexec_fn``."""
+    if _PRCTL is not None:
+        _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -74,6 +93,7 @@ def free_port() -> int:
 
 def _worker(rank: int, n: int, port: int, fn: Callable, args: tuple, results, backend: str = "gloo",
             init: Callable[[], Any] | None = None, pg_options: Any = None) -> None:
+    die_with_parent()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     context = init() if init is not None else None
     options = {} if pg_options is None else {"pg_options": pg_options}
@@ -171,6 +191,7 @@ class Elastic:
 
 def _elastic_worker(proc: int, world: int, spares: int, store_port: int, timeout_s: float, fn: Callable, args: tuple,
                     init: Callable[[], Any] | None) -> None:
+    die_with_parent()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     elastic = Elastic(store_port, proc, world, spares, timeout_s)
     try:
