@@ -128,3 +128,40 @@ def test_renamed_flags_keep_their_old_spelling_with_a_note(monkeypatch):
     assert seen["kill_at"] == 3 and "--kill-at is now --kill-at-epoch" in result.stderr
     both = runner.invoke(app, ["te", "serve", "--kill", "0", "--kill-at", "3", "--kill-at-epoch", "3"])
     assert both.exit_code == 2 and "given twice" in both.output
+
+
+def _readme_commands() -> list[list[str]]:
+    """Every ``lightrail ...`` command in the README's bash blocks, as argv (comments and ``[optional]`` parts
+    dropped, continuation lines joined)."""
+    import re
+    import shlex
+
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                part = re.sub(r"\[[^\]]*\]", "", re.sub(r"\s+#.*$", "", part.strip()))
+                if part.startswith("lightrail "):
+                    found.append(shlex.split(part)[1:])
+    return found
+
+
+def test_the_readme_says_once_how_to_activate_the_venv_and_its_commands_parse():
+    """README sections call bare ``lightrail`` (issue 33 item 6): the venv is activated once near the top, no
+    section spells ``.venv/bin/lightrail``, and every command is one the CLI parses (verb and flags exist)."""
+    import typer
+
+    text = (ROOT / "README.md").read_text()
+    assert text.index("source .venv/bin/activate") < text.index("## ")
+    assert text.count(".venv/bin/lightrail") <= 1  # the note's own example of the alternative
+    commands = _readme_commands()
+    assert len(commands) > 30
+    root = typer.main.get_command(app)
+    for argv in commands:
+        command, rest, path = root, list(argv), ["lightrail"]
+        while hasattr(command, "commands") and rest and rest[0] in command.commands:
+            path.append(rest[0])
+            command = command.commands[rest.pop(0)]
+        if rest == ["--help"]:
+            continue
+        command.make_context(" ".join(path), rest)  # raises on an unknown verb or flag
