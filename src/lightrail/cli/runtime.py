@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +38,33 @@ def _leases(flag: bool | None) -> bool:
         err.print("note: LIGHTRAIL_LEASES=0 is now --no-leases", highlight=False)
         return False
     return True
+
+
+@contextlib.contextmanager
+def end_on_signals():
+    """While inside, SIGTERM and SIGINT end a long run within seconds (issue 31 item 6: the controller and 8 ranks
+    trained on for ~100 s): every worker process is killed at once, and the exit unwinds through the run's clean-up,
+    which stops the controller and removes its temporary state. Exit status 128 + the signal's number, as a shell
+    reports. The handlers before are restored on the way out."""
+    import multiprocessing
+    import signal
+
+    def stop(signum, _frame) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+        for child in multiprocessing.active_children():
+            child.kill()
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def parse_kill_steps(values: list[str] | None, flag: str = "--kill-controller-at-step") -> tuple[int, ...]:
@@ -106,7 +135,7 @@ def train_demo_cmd(
     kill_steps = parse_kill_steps(kill_controller_at_step)
     pause_steps = parse_kill_steps(pause_controller_at_step, "--pause-controller-at-step")
     pause_s = parse_time(pause_for, field="--pause-for")
-    with progress_steps(2, "train-demo", as_json) as step:
+    with end_on_signals(), progress_steps(2, "train-demo", as_json) as step:
         result = run_photonic_demo(config, ocs_delay_s=delay, policy=policy, gpus_per_server=gpus_per_server,
                                    progress=step,
                                    kill_controller_at_step=kill_steps, spares=spares, kill_rank=kill_rank,

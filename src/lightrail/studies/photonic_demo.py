@@ -33,6 +33,7 @@ from lightrail.control.plan import Mode, Plan, Policy
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime import torch_backend
 from lightrail.runtime.controller.server import require_service
+from lightrail.runtime.launch import die_with_parent
 from lightrail.studies.train_demo import DemoConfig, FailoverRun, Failure, run_demo, run_failover_demo
 
 __all__ = ["start_controller", "register_job", "ControllerKiller", "ControllerPauser", "run_photonic_demo",
@@ -48,7 +49,8 @@ def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, tim
            f"{delay_s}s"]
     env = None if operator_token is None else {**os.environ, "LIGHTRAIL_OPERATOR_TOKEN": operator_token}
     log = open(state.with_suffix(".log"), "a" if restart else "w")  # noqa: SIM115 (the process owns it until it exits)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                            preexec_fn=die_with_parent)  # a launcher killed outright takes its controller along
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout)
