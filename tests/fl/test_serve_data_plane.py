@@ -46,8 +46,9 @@ def demos():
 def _check_common(r: dict) -> None:
     assert r["double_bookings"] == 0 and r["all_jobs_completed"] and r["supervisor_exit"] == 0
     assert r["model_exact"] is True, r["data_plane"]["model_check"]
-    assert r["results_forwarded"] == r["results"] == r["bindings"] == sum(j["rounds"] * j["demand"]
-                                                                          for j in r["per_job"])
+    # over-selected (1.3x): more bound than needed, exactly demand results per round reach the model
+    assert r["over_selection"] == 1.3 and r["bindings"] > r["results"]
+    assert r["results_forwarded"] == r["results"] == sum(j["rounds"] * j["demand"] for j in r["per_job"])
     assert r["data_plane"]["rounds_applied"] == r["rounds_completed"] == sum(j["rounds"] for j in r["per_job"])
     assert r["bindings_per_s"] > 0
 
@@ -58,7 +59,7 @@ def test_demo_one_root_download_serves_many_clients_and_models_are_exact(demos):
     rounds = max(j["rounds"] for j in r["per_job"])
     assert r["leaves"] == 2
     assert 1 <= r["model_downloads_root"] <= r["leaves"] * rounds * r["jobs"]
-    assert r["model_requests_clients"] == r["results"]  # one model request per client result
+    assert r["model_requests_clients"] >= r["results"]  # a model request per client result (late ones too)
     assert r["downloads_saved_ratio"] >= 5  # one root download served many clients
     assert r["batches_forwarded"] < r["results_forwarded"]  # pre-aggregated at the leaves
     assert r["leaves_replaced"] == 0 and r["leaf_killed"] is None

@@ -84,8 +84,8 @@ def fl_demo_cmd(
         "--kill-leaf-at-round", help="SIGKILL leaf 0 once it acknowledged a result of this round (0-based); the "
         "supervisor replaces it and the demo carries on.")] = None,
     over_selection: Annotated[float | None, typer.Option(
-        "--over-selection", help="Clients bound per round, a multiple of demand (default: 1.3 with --leaves 0, "
-        "else 1: the leaves would aggregate late updates).", show_default=False)] = None,
+        "--over-selection", help="Clients bound per round, a multiple of demand (default 1.3; a round ends at demand "
+        "results, and late clients never upload their update).", show_default=False)] = None,
     round_timeout: Annotated[str | None, typer.Option(
         "--round-timeout", help="A round not complete this long after it opened fails and runs again, e.g. 5s.",
         show_default=False)] = None,

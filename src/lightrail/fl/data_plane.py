@@ -24,8 +24,9 @@ class DataPlane:
       and opens round r+1 to the clients (an in-process event: a client bound to round r+1 waits for it, since
       the control plane opens rounds by itself, before the root has the new model).
     * Client (bound; its check-in reply names its leaf): ``GET /jobs/{job}/model?round=r`` from the leaf, a
-      deterministic "local step" ``update = step * (target_c - model)`` (``target_c`` seeded by the client),
-      ``POST /jobs/{job}/result`` to the leaf; every acknowledged update is recorded, once per client and round,
+      deterministic "local step" ``update = step * (target_c - model)`` (``target_c`` seeded by the client), its
+      result to the control plane, and only if that result is on time (not late: over-selection), ``POST
+      /jobs/{job}/result`` to the leaf; every acknowledged update is recorded, once per client and round,
       so :meth:`report` recomputes each job's final model (FedAvg: initial + the mean update of every round, in
       the root's float32 steps) and compares it with the root's. A request that fails at the transport
       (a killed leaf) is retried against the leaf's current URL, re-read from the ``services`` table.
@@ -123,8 +124,10 @@ class DataPlane:
         noise = np.random.default_rng([self.seed, client, job, rnd, 2]).normal(0.0, 0.01, self.dim)
         return self.step * (target - np.asarray(model, np.float64)) + noise
 
-    async def train(self, client: int, got: dict, *, train_s: float) -> bool:
-        """The bound client's round: model from its leaf, an update to its leaf. False: refused (retry later)."""
+    async def train(self, client: int, got: dict, *, train_s: float):
+        """The bound client's local step: the model from its leaf, an update. ``(leaf, update)`` to
+        :meth:`upload` once the control plane accepted the result; ``True`` if this update was uploaded before (a
+        retried check-in); ``None`` if the leaf refused (the round moved on: check in again)."""
         import numpy as np
 
         job, rnd, cid = int(got["job"]), int(got["round"]), f"c{client}"
@@ -132,16 +135,23 @@ class DataPlane:
             return True  # acknowledged before (a retried check-in): nothing to send again
         await asyncio.wait_for(self.event(job, rnd).wait(), self.timeout)
         leaf = got.get("leaf_url") or self.url_of[job % len(self.url_of)]
-        name = self.name(job)
-        leaf, r = await self.leaf_call("GET", leaf, f"/jobs/{name}/model", params={"round": rnd})
+        leaf, r = await self.leaf_call("GET", leaf, f"/jobs/{self.name(job)}/model", params={"round": rnd})
         body = r.json() if r.status_code == 200 else {}
         if body.get("round") != rnd:
             self.counts["leaf_refusals"] += 1
-            return False
+            return None
         upd = self.update(client, job, rnd, np.asarray(body["model"], np.float32))
         if train_s > 0:
             await asyncio.sleep(train_s)
-        leaf, r = await self.leaf_call("POST", leaf, f"/jobs/{name}/result",
+        return leaf, upd
+
+    async def upload(self, client: int, got: dict, leaf: str, upd) -> bool:
+        """The update to the client's leaf, sent only after the control plane called the result on time (so an
+        over-selected round's late updates never reach the model). False: the leaf refused it."""
+        job, rnd, cid = int(got["job"]), int(got["round"]), f"c{client}"
+        if cid in self.sent.get((job, rnd), {}):
+            return True
+        leaf, r = await self.leaf_call("POST", leaf, f"/jobs/{self.name(job)}/result",
                                        json={"client_id": cid, "round": rnd, "update": upd.tolist()})
         if r.status_code != 200:
             self.counts["leaf_refusals"] += 1

@@ -245,26 +245,34 @@ async def emulate(info: dict, clients, jobs, *, concurrency: int = 50, time_scal
                         on_bound(got)
                     j = ids.index(got["job"]) if got["job"] in ids else 0
                     train_s = float(jobs.work[j]) / float(clients.speed[c]) * time_scale
+                    trained = None
                     if dp is not None:
-                        if not await dp.train(c, got, train_s=train_s):
+                        trained = await dp.train(c, got, train_s=train_s)
+                        if trained is None:
                             stats["errors"] += 1
                             await asyncio.sleep(0.05)
                             continue
                     else:
                         await asyncio.sleep(train_s)
-                    r = await http.post(f"{lb}/result", json={"client_id": f"c{c}", "job": got["job"],
-                                                               "round": got["round"]})
-                    if r.status_code == 200:
-                        verdict = r.json()
-                        stats["late_results" if verdict.get("late") else "results"] += 0 if verdict.get(
-                            "duplicate") else 1
-                        if killer is not None and not verdict.get("late"):
-                            killer.result_accepted(int(got["round"]))
-                        if dp is not None and verdict.get("round_ended"):
-                            dp.round_ended(int(got["job"]), int(got["round"]))
-                    else:
+                    # the verdict first (retried through a restart: a repeated result gets its first verdict),
+                    # then, only if on time, the update to the leaf
+                    r = await _call(http, "POST", f"{lb}/result", timeout=timeout,
+                                    json={"client_id": f"c{c}", "job": got["job"], "round": got["round"]})
+                    if r.status_code != 200:
                         stats["errors"] += 1
-                except httpx.HTTPError:
+                        continue
+                    verdict = r.json()
+                    late = bool(verdict.get("late"))
+                    stats["late_results" if late else "results"] += 0 if verdict.get("duplicate") else 1
+                    if late:
+                        continue
+                    if isinstance(trained, tuple) and not await dp.upload(c, got, *trained):
+                        stats["errors"] += 1
+                    if killer is not None:
+                        killer.result_accepted(int(got["round"]))
+                    if dp is not None and verdict.get("round_ended"):
+                        dp.round_ended(int(got["job"]), int(got["round"]))
+                except (httpx.HTTPError, LightrailError):
                     stats["errors"] += 1
                     await asyncio.sleep(0.02)
                 finally:
@@ -330,9 +338,8 @@ def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 
     SIGTERM/SIGINT stop the ``fl serve`` subprocess (every process, its temporary directory) before returning.
 
     Rounds run by :class:`~lightrail.fl.rounds.RoundRules` (``over_selection``, ``round_timeout_s``), as in the
-    simulator. ``over_selection`` defaults to 1.3 without leaves and to 1 with leaves: the data plane aggregates
-    every update a leaf acknowledges, and a client uploads before the control plane could call its result late,
-    so an over-selected round would fold late updates into the model (not built: upload after the verdict).
+    simulator (``over_selection`` 1.3 by default, as Propius's job profiles): a client uploads its update to its
+    leaf only after the control plane called its result on time, so a late update never reaches the model.
 
     Data-plane keys of the result (when ``leaves`` > 0): ``model_downloads_root`` (model bodies the root sent),
     ``model_requests_clients`` (model requests the leaves answered, summed over the leaves alive at the end),
@@ -365,8 +372,8 @@ def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 
     if kill_leaf_at_round is not None and (leaves < 1 or kill_leaf_at_round < 0):
         raise ScenarioError(f"round {kill_leaf_at_round} with {leaves} leaves", field="--kill-leaf-at-round",
                             fix="use a round >= 0 and --leaves 1 or more")
-    rules = RoundRules(over_selection=over_selection if over_selection is not None else
-                       (1.0 if leaves > 0 else DEFAULT_OVER_SELECTION), round_timeout_s=round_timeout_s)
+    rules = RoundRules(over_selection=over_selection if over_selection is not None else DEFAULT_OVER_SELECTION,
+                       round_timeout_s=round_timeout_s)
     cl, jb = demo_population(clients, jobs, seed, rounds)
     t0 = time.perf_counter()
     stop_on = {}
