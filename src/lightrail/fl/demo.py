@@ -362,7 +362,8 @@ def demo(*, clients: int = 500, jobs: int = 4, policy: str = "irs", seed: int = 
             raise ScenarioError(f"{kill!r} is not a process of fl serve", field="--kill",
                                 fix=f"one of {', '.join(KILLABLE)}, with --kill-at-round R")
         if kill_at_round is None or kill_at_round < 0:
-            raise ScenarioError(f"round {kill_at_round}", field="--kill-at-round",
+            raise ScenarioError("no round given" if kill_at_round is None else f"round {kill_at_round}",
+                                field="--kill-at-round",
                                 fix="a round >= 0 (0-based) with --kill")
         if kill == "leaf":
             if kill_leaf_at_round is not None and kill_leaf_at_round != kill_at_round:
