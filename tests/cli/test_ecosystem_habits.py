@@ -39,7 +39,7 @@ def test_the_top_level_help_has_completion_and_runnable_examples():
 
 def test_show_completion_prints_a_script():
     result = runner.invoke(app, ["--show-completion", "bash"])
-    assert result.exit_code == 0 and "complete" in result.output
+    assert result.exit_code == 0 and "complete" in result.output, (result.output, result.exception)
 
 
 def _sweep(tmp_path: Path, gpus: list[int]) -> Path:

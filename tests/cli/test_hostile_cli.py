@@ -34,6 +34,9 @@ parallel: {tp: 4, pp: 4, dp: 2}
 job: {micro_batches: 6, mfu: 0.5}
 """
 
+PROPIUS = Path(__file__).resolve().parents[1] / "data" / "propius"
+"""Propius's evaluation inputs, a real sample (its PROVENANCE.md), for ``fl import-propius``."""
+
 BASE = {
     "collective": ["--ranks", "8", "--size", "1MiB"],
     "collective-sweep": ["--ranks", "8", "--sizes", "1KiB,1MiB", "--algo", "ring"],
@@ -54,6 +57,9 @@ BASE = {
     "calibrate nccl-tests": ["nccl.txt", "--ranks", "8"],
     "calibrate iterations": ["iter.csv", "tiny.yaml"],
     "export astra-sim": ["tiny.yaml"],
+    "fl import-propius": ["--profiles", str(PROPIUS / "profile_mobilenet_large"), "--trace",
+                          str(PROPIUS / "job_trace_20.txt"), "--devices", str(PROPIUS / "devices_sample.json"),
+                          "--clients", "20"],
 }
 """Small, valid settings per verb, so a hostile value that happens to be valid still runs in moments."""
 
