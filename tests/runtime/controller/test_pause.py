@@ -233,3 +233,19 @@ def test_a_rank_failed_in_a_job_without_spares_is_readmitted(spawn, tmp_path, un
         back.close()
     finally:
         r0.close()
+
+
+@pytest.mark.slow
+def test_train_demo_survives_a_5s_controller_pause_with_a_spare(tmp_path):
+    """The contract, end to end: 8 gloo ranks and a spare, the controller frozen 5 s mid-run."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    cmd = [sys.executable, "-m", "lightrail.cli", "train-demo", "--steps", "8", "--spares", "1",
+           "--pause-controller-at-step", "3", "--pause-for", "5s", "--ocs-delay", "2ms", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["losses_identical"] and result["controller_pauses"] == 1
+    assert result["failovers"] == 0 and result["unsafe_reconfigurations"] == 0 and result["recovery"] is None
