@@ -5,6 +5,7 @@ each of its precomputed tunnels)."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -14,10 +15,41 @@ import scipy.sparse as sp
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.te.network import Wan
 
-__all__ = ["PathSet", "k_shortest_paths", "DEFAULT_K"]
+__all__ = ["PathSet", "k_shortest_paths", "check_te_size", "DEFAULT_K", "MAX_TE_PATHS", "BYTES_PER_PATH"]
 
 #: Paths per demand (Symphony and most path-based TE evaluations use a handful; 4 is common).
 DEFAULT_K = 4
+
+MAX_TE_PATHS = 1 << 18
+"""Most candidate paths (demands x paths per demand) of one TE network: each is a variable of every controller's
+solve. TATA (143 nodes, 4 paths per demand) has 80,963 and runs 10 matrices x 5 slices x 2 controllers in ~30 min
+here; 262,144 is ~3x that. A 500-node network at 4 paths (998,000) would take hours to solve and ~7.8 GiB."""
+BYTES_PER_PATH = 8 << 10
+"""Peak bytes per candidate path of ``te run`` (paths, incidence, HiGHS and Clarabel models, the views' flows):
+7.0 KiB measured with ru_maxrss from germany50 (9,800 paths, 188 MiB) to TATA (80,963 paths, 676 MiB)."""
+BASE_BYTES = 160 << 20
+"""Peak bytes of ``te run`` before its paths: the interpreter, numpy/scipy, HiGHS (154 MiB measured on GEANT)."""
+
+
+def check_te_size(wan: Wan, k: int) -> int:
+    """Refuse, before any path is computed, a network whose TE this machine cannot hold or would take hours over:
+    at most :data:`MAX_TE_PATHS` candidate paths (``n (n-1) k``, an upper bound) and their estimated memory
+    within ``limits.memory_budget()``. Returns that upper bound."""
+    from lightrail.limits import check_fits, show_count
+
+    paths = wan.n * (wan.n - 1) * int(k)
+    need = BASE_BYTES + BYTES_PER_PATH * paths
+    what = (f"TE on {wan.name} ({wan.n:,} nodes x {wan.n - 1:,} x {k} paths per demand: up to {show_count(paths)} "
+            f"paths, about {need / 2**30:,.1f} GiB)")
+    most = int(math.sqrt(MAX_TE_PATHS / k)) + 1  # n (n-1) k <= MAX_TE_PATHS
+    while most * (most - 1) * k > MAX_TE_PATHS:
+        most -= 1
+    fix = f"use a topology of at most {most:,} nodes at --paths {k}, or fewer --paths"
+    if paths > MAX_TE_PATHS:
+        raise ScenarioError(f"{what} is over the bound of {MAX_TE_PATHS:,} paths (each is a variable of every "
+                            "solve: hours of work)", field="--topology", fix=fix)
+    check_fits(need, field="--topology", value=what, fix=fix)
+    return paths
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +86,7 @@ def k_shortest_paths(wan: Wan, k: int = DEFAULT_K) -> PathSet:
     served."""
     if not isinstance(k, int | np.integer) or k < 1:
         raise ScenarioError(f"{k!r} paths per demand", field="--paths", fix="use an integer >= 1 (default 4)")
+    check_te_size(wan, k)
     g = nx.DiGraph()
     g.add_nodes_from(range(wan.n))
     weight = wan.weights()
