@@ -1,14 +1,30 @@
 """What every HTTP service of lightrail shares (the controller's admin API, the FL services, the parameter
-servers): JSON log lines, and starting uvicorn inside a running event loop and learning its port."""
+servers): importing the optional extra ``service`` with an error that names the fix (``require_service``), JSON log
+lines, and starting uvicorn inside a running event loop and learning its port."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import sys
 
-__all__ = ["JsonFormatter", "json_logging", "start_web"]
+from lightrail.errors import LightrailError
+
+__all__ = ["JsonFormatter", "json_logging", "require_service", "start_web"]
+
+
+def require_service(*modules: str) -> tuple:
+    """Import ``modules`` of the optional extra ``service`` (default: the admin API's fastapi, uvicorn and
+    prometheus_client); without them, a LightrailError naming the fix rather than an ImportError traceback."""
+    try:
+        return tuple(importlib.import_module(name)
+                     for name in modules or ("fastapi", "uvicorn", "prometheus_client"))
+    except ImportError as e:
+        raise LightrailError(f"{e.name or 'a module'} is not installed; the controller's HTTP admin API (and "
+                             f"reading it) needs lightrail's optional extra 'service'", field="controller",
+                             fix="pip install 'lightrail[service]'") from None
 
 
 class JsonFormatter(logging.Formatter):

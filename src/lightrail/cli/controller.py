@@ -63,7 +63,7 @@ def controller_serve_cmd(
         default_config,
         load_config,
     )
-    from lightrail.runtime.controller.server import check_startup, serve
+    from lightrail.runtime.controller.serve import check_startup, serve
 
     ocs_delay = renamed(ocs_delay, delay, old="--delay", new="--ocs-delay")
     if config is not None:

@@ -557,7 +557,7 @@ def _raise_from(r) -> None:
 
 
 def _base_app(title: str):
-    from lightrail.runtime.controller.server import require_service
+    from lightrail.web import require_service
 
     fastapi, _ = require_service("fastapi", "uvicorn")
     from fastapi.exceptions import RequestValidationError
@@ -669,7 +669,7 @@ def leaf_app(state: LeafState):
 
 
 async def _serve(args, ready) -> None:
-    from lightrail.runtime.controller.server import require_service
+    from lightrail.web import require_service
 
     httpx = require_service("httpx", "uvicorn")[0]
     start = time.perf_counter()
@@ -740,7 +740,7 @@ async def _flush_timer(state: LeafState, every: float) -> None:
 
 def serve(args, *, ready=None) -> None:
     """Run a parameter server (``args`` from ``main``'s parser) until SIGTERM/SIGINT."""
-    from lightrail.runtime.controller.server import require_service
+    from lightrail.web import require_service
 
     require_service("fastapi", "uvicorn", "httpx")
     json_logging(log)

@@ -32,9 +32,9 @@ from lightrail.control.opus import OpusPlanner
 from lightrail.control.plan import Mode, Plan, Policy
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime import torch_backend
-from lightrail.runtime.controller.server import require_service
 from lightrail.runtime.launch import die_with_parent
 from lightrail.studies.train_demo import DemoConfig, FailoverRun, Failure, run_demo, run_failover_demo
+from lightrail.web import require_service
 
 __all__ = ["start_controller", "register_job", "ControllerKiller", "ControllerPauser", "run_photonic_demo",
            "predicted_overhead", "calibrated_peak_tflops", "Prediction", "PhotonicDemoResult", "Row"]

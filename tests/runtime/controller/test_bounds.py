@@ -83,7 +83,7 @@ def test_huge_fabrics_are_refused_up_front(tmp_path, args, field):
 
 def test_a_full_or_busy_state_file_is_the_servers_trouble_not_a_bad_request():
     from lightrail.errors import InfeasibleError, ScenarioError
-    from lightrail.runtime.controller.server import _status
+    from lightrail.runtime.controller.admin import _status
 
     full = InfeasibleError("the state file c.db could not be written (database or disk is full)", field="state")
     busy = InfeasibleError("the state file c.db could not be written (database is locked)", field="state")

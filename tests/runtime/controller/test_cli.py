@@ -21,7 +21,7 @@ runner = CliRunner()
 def no_serve(monkeypatch):
     """If validation wrongly passes, record the config instead of serving forever."""
     calls = []
-    monkeypatch.setattr("lightrail.runtime.controller.server.serve", lambda cfg, state, **_: calls.append(cfg))
+    monkeypatch.setattr("lightrail.runtime.controller.serve.serve", lambda cfg, state, **_: calls.append(cfg))
     return calls
 
 

@@ -264,18 +264,19 @@ def test_the_yield_message_is_validated_naming_its_field():
 
 def test_the_server_answers_a_yield_and_counts_it_on_metrics(pair, acquire):
     pytest.importorskip("prometheus_client")
-    import lightrail.runtime.controller.server as server_mod
+    import lightrail.runtime.controller.ranks as ranks_mod
+    from lightrail.runtime.controller.metrics import metrics_text
 
     async def run():
         c, vt, pushed = await pair()
-        server = server_mod.RankServer(c, c.config)
+        server = ranks_mod.RankServer(c, c.config)
         replies: list[dict] = []
         writer = SimpleNamespace(write=lambda d: replies.append(json.loads(d)), is_closing=lambda: False)
         for r in (0, 1):
-            conn = server_mod.Conn(writer, f"p{r}", 0.0, 0.0, bound=("j", r))
+            conn = ranks_mod.Conn(writer, f"p{r}", 0.0, 0.0, bound=("j", r))
             server.request(conn, b'{"id":9,"op":"yield","job":"j","rank":%d,"key":"A","lease":1,"ops":2}' % r)
         server.request(conn, b'{"id":10,"op":"yield","job":"j","rank":0,"key":"A","lease":1,"ops":2}')  # rank 1's
-        return c, replies, server_mod.metrics_text(c, server.metrics)
+        return c, replies, metrics_text(c, server.metrics)
 
     c, replies, text = asyncio.run(run())
     assert replies[:2] == [{"id": 9, "ok": True}] * 2 and c.groups[("j", "A")].lease is None

@@ -189,7 +189,8 @@ def test_cheap_histograms_expose_what_prometheus_histograms_would(make):
     prometheus_client Histogram and into the server's counters: identical exposition lines."""
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from lightrail.runtime.controller.server import _LATENCY_BUCKETS, RankServer, metrics_text
+    from lightrail.runtime.controller.metrics import _LATENCY_BUCKETS, metrics_text
+    from lightrail.runtime.controller.ranks import RankServer
 
     c, _ = make()
     server = RankServer(c, c.config)
@@ -281,7 +282,7 @@ def test_skip_if_present_agrees_with_the_full_change_computation(make, duplex):
 def test_protocol_framing_answers_the_same_whatever_the_chunking(make, hello):
     """The same byte stream (hot requests, a slow-path one, an error, a blank line, an over-long line) fed
     whole, line by line and byte by byte: the same replies, the connection open after the over-long line."""
-    from lightrail.runtime.controller.server import RankServer
+    from lightrail.runtime.controller.ranks import RankServer
 
     class Transport:
         def __init__(self):
@@ -343,15 +344,15 @@ def test_protocol_framing_answers_the_same_whatever_the_chunking(make, hello):
 def _pair_server(make, hello):
     """A controller with ranks 0 and 1 of job "j" in group "g" (no circuits), its RankServer, and a bound Conn
     per rank whose writes are decoded into ``replies[rank]``."""
-    import lightrail.runtime.controller.server as server_mod
+    import lightrail.runtime.controller.ranks as ranks_mod
 
     c, _ = make()
     hello(c, "j", 0, 2, rail0=0)
     hello(c, "j", 1, 2, rail0=1)
     c.declare(Group(op="group", job="j", key="g", members=[0, 1], circuits={"rail0": {}}))
-    server = server_mod.RankServer(c, c.config)
+    server = ranks_mod.RankServer(c, c.config)
     replies: dict[int, list[dict]] = {0: [], 1: []}
-    conns = [server_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies[r].append(json.loads(d)),
+    conns = [ranks_mod.Conn(type("W", (), {"write": lambda self, d, r=r: replies[r].append(json.loads(d)),
                                             "is_closing": lambda self: False})(), f"p{r}", 0.0, 0.0, bound=("j", r))
              for r in (0, 1)]
     return c, server, conns, replies
@@ -359,11 +360,11 @@ def _pair_server(make, hello):
 
 def test_the_hot_ops_never_build_a_model(make, hello, monkeypatch):
     """Heartbeat, acquire and release from a bound connection are answered without the pydantic parse."""
-    import lightrail.runtime.controller.server as server_mod
+    import lightrail.runtime.controller.ranks as ranks_mod
 
     calls = []
-    real = server_mod.parse_request
-    monkeypatch.setattr(server_mod, "parse_request", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = ranks_mod.parse_request
+    monkeypatch.setattr(ranks_mod, "parse_request", lambda *a, **k: calls.append(a) or real(*a, **k))
 
     async def go():
         c, server, conns, replies = _pair_server(make, hello)

@@ -60,7 +60,7 @@ def test_hello_carries_token_and_spare_and_pushes_parse():
 
 
 def test_rate_log_aggregates_a_flood():
-    from lightrail.runtime.controller.server import RateLog
+    from lightrail.runtime.controller.metrics import RateLog
 
     lines, now = [], [0.0]
     rlog = RateLog(lambda event, **f: lines.append((event, f)), burst=5, clock=lambda: now[0])
@@ -93,7 +93,8 @@ class _Writer:
 
 
 def test_metrics_counters_stay_monotonic_past_100k(make):
-    from lightrail.runtime.controller.server import RankServer, metrics_text
+    from lightrail.runtime.controller.metrics import metrics_text
+    from lightrail.runtime.controller.ranks import RankServer
 
     c, _ = make()
     server = RankServer(c, c.config)
@@ -111,7 +112,7 @@ def test_metrics_counters_stay_monotonic_past_100k(make):
 def test_failover_rebinds_the_spares_connection(make, hello):
     """rank_failed returning a failover: the failed rank's connection is unbound, the spare's connection now
     speaks for the failed rank (pushes to it reach the spare), the old spare id speaks for nobody."""
-    from lightrail.runtime.controller.server import Conn, RankServer
+    from lightrail.runtime.controller.ranks import Conn, RankServer
 
     async def run():
         c, _ = make()
@@ -153,7 +154,8 @@ def test_the_grafana_dashboard_reads_metrics_the_controller_exposes(make):
     import re
     from pathlib import Path
 
-    from lightrail.runtime.controller.server import RankServer, metrics_text
+    from lightrail.runtime.controller.metrics import metrics_text
+    from lightrail.runtime.controller.ranks import RankServer
 
     c, _ = make()
     server = RankServer(c, c.config)
@@ -172,7 +174,7 @@ def test_a_rank_whose_heartbeat_waits_unread_is_not_failed(make, hello):
     spoke and is not failed; once the bytes are read and it stays silent, it is."""
     import socket
 
-    from lightrail.runtime.controller.server import Conn, RankServer
+    from lightrail.runtime.controller.ranks import Conn, RankServer
 
     class SockWriter(_Writer):
         def __init__(self, sock):

@@ -303,7 +303,8 @@ def _asgi(app):
 
 
 def test_admin_app_views_in_process(make, declare, acquire, job_of):
-    from lightrail.runtime.controller.server import admin_app, metrics_text
+    from lightrail.runtime.controller.admin import admin_app
+    from lightrail.runtime.controller.metrics import metrics_text
 
     async def run():
         c, vt = make()
@@ -339,8 +340,8 @@ def test_admin_app_views_in_process(make, declare, acquire, job_of):
 def test_group_status_strings_in_the_admin_output_are_unchanged(make, job_of, declare, acquire):
     """GroupStatus is a StrEnum: GET /jobs shows the documented strings, in the same JSON as before, and
     GET /state is unchanged (pinned whole)."""
+    from lightrail.runtime.controller.admin import admin_app
     from lightrail.runtime.controller.core import GroupStatus
-    from lightrail.runtime.controller.server import admin_app
 
     assert [s.value for s in GroupStatus] == ["idle", "applying", "granted"]
 
@@ -373,7 +374,7 @@ def test_group_status_strings_in_the_admin_output_are_unchanged(make, job_of, de
 
 
 def test_admin_app_post_circuits_in_process(make):
-    from lightrail.runtime.controller.server import admin_app
+    from lightrail.runtime.controller.admin import admin_app
 
     async def run():
         c, _ = make()
@@ -437,7 +438,7 @@ def test_service_restart_after_sigkill_keeps_circuits_and_owners(spawn, tmp_path
 def test_admin_change_to_a_port_still_switching_is_a_409(make):
     """In virtual time the first change's 10 ms switch has not completed: a second change to its ports is a
     conflict with the state (409, field changes.<port>, fix 'retry after ...'), and changes nothing."""
-    from lightrail.runtime.controller.server import admin_app
+    from lightrail.runtime.controller.admin import admin_app
 
     async def run():
         c, vt = make()

@@ -26,7 +26,7 @@ runner = CliRunner()
 def no_serve(monkeypatch):
     """If the checks wrongly pass, record the call instead of serving forever."""
     calls = []
-    monkeypatch.setattr("lightrail.runtime.controller.server.serve", lambda cfg, state, **kw: calls.append(kw))
+    monkeypatch.setattr("lightrail.runtime.controller.serve.serve", lambda cfg, state, **kw: calls.append(kw))
     return calls
 
 
