@@ -15,40 +15,59 @@ import scipy.sparse as sp
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.te.network import Wan
 
-__all__ = ["PathSet", "k_shortest_paths", "check_te_size", "DEFAULT_K", "MAX_TE_PATHS", "BYTES_PER_PATH"]
+__all__ = ["PathSet", "k_shortest_paths", "check_te_size", "te_bytes", "DEFAULT_K", "MAX_TE_PATHS"]
 
 #: Paths per demand (Symphony and most path-based TE evaluations use a handful; 4 is common).
 DEFAULT_K = 4
 
 MAX_TE_PATHS = 1 << 18
-"""Most candidate paths (demands x paths per demand) of one TE network: each is a variable of every controller's
-solve. TATA (143 nodes, 4 paths per demand) has 80,963 and runs 10 matrices x 5 slices x 2 controllers in ~30 min
-here; 262,144 is ~3x that. A 500-node network at 4 paths (998,000) would take hours to solve and ~7.8 GiB."""
-BYTES_PER_PATH = 8 << 10
-"""Peak bytes per candidate path of ``te run`` (paths, incidence, HiGHS and Clarabel models, the views' flows):
-7.0 KiB measured with ru_maxrss from germany50 (9,800 paths, 188 MiB) to TATA (80,963 paths, 676 MiB)."""
+"""Most candidate paths (demands x paths per demand, counted as ``n (n-1) k``) of one TE network: each is a variable
+of every controller's solve. TATA (143 nodes, 4 paths per demand) has 80,962 and ``te run`` takes 13 CPU-minutes
+there; 262,144 is ~3x that. A 500-node network at 4 paths (998,000) would take hours."""
+BYTES_PER_PATH = 2 << 10
+BYTES_PER_HOP = 512
+"""Peak bytes of ``te run`` per candidate path and per link of a path (the incidence's entries, held by the paths,
+the HiGHS and Clarabel models and the views' flows), fitted to ru_maxrss: germany50 (9,800 paths, 188 MiB),
+TATA (80,962 paths, ~1M entries, 676 MiB), a 200-node ring at 1 path (39,800 paths of 50 hops, 1,038 MiB):
+1.7 KiB and 415 B, rounded up."""
 BASE_BYTES = 160 << 20
 """Peak bytes of ``te run`` before its paths: the interpreter, numpy/scipy, HiGHS (154 MiB measured on GEANT)."""
 
 
+def _mean_hops(wan: Wan) -> float:
+    """Mean hop count of the shortest paths (breadth-first, every ordered pair): the k shortest run ~20% longer."""
+    from scipy.sparse.csgraph import shortest_path
+
+    graph = sp.csr_matrix((np.ones(wan.links), (wan.src, wan.dst)), shape=(wan.n, wan.n))
+    hops = shortest_path(graph, unweighted=True)
+    finite = hops[np.isfinite(hops) & (hops > 0)]
+    return float(finite.mean()) if finite.size else 1.0
+
+
+def te_bytes(wan: Wan, k: int) -> tuple[int, float]:
+    """Candidate paths (``n (n-1) k``, an upper bound) and the estimated peak bytes of TE on ``wan``."""
+    paths = wan.n * (wan.n - 1) * int(k)
+    return paths, BASE_BYTES + paths * (BYTES_PER_PATH + BYTES_PER_HOP * (1.2 * _mean_hops(wan) + 1))
+
+
 def check_te_size(wan: Wan, k: int) -> int:
     """Refuse, before any path is computed, a network whose TE this machine cannot hold or would take hours over:
-    at most :data:`MAX_TE_PATHS` candidate paths (``n (n-1) k``, an upper bound) and their estimated memory
-    within ``limits.memory_budget()``. Returns that upper bound."""
+    at most :data:`MAX_TE_PATHS` candidate paths, and their estimated memory (:func:`te_bytes`) within
+    ``limits.memory_budget()``. Returns the candidate paths."""
     from lightrail.limits import check_fits, show_count
 
     paths = wan.n * (wan.n - 1) * int(k)
-    need = BASE_BYTES + BYTES_PER_PATH * paths
-    what = (f"TE on {wan.name} ({wan.n:,} nodes x {wan.n - 1:,} x {k} paths per demand: up to {show_count(paths)} "
-            f"paths, about {need / 2**30:,.1f} GiB)")
     most = int(math.sqrt(MAX_TE_PATHS / k)) + 1  # n (n-1) k <= MAX_TE_PATHS
     while most * (most - 1) * k > MAX_TE_PATHS:
         most -= 1
     fix = f"use a topology of at most {most:,} nodes at --paths {k}, or fewer --paths"
-    if paths > MAX_TE_PATHS:
-        raise ScenarioError(f"{what} is over the bound of {MAX_TE_PATHS:,} paths (each is a variable of every "
-                            "solve: hours of work)", field="--topology", fix=fix)
-    check_fits(need, field="--topology", value=what, fix=fix)
+    what = f"TE on {wan.name} ({wan.n:,} nodes x {wan.n - 1:,} x {k} paths per demand: up to {show_count(paths)} paths"
+    if paths > MAX_TE_PATHS:  # checked first: the estimate below walks every pair
+        need = BASE_BYTES + paths * (BYTES_PER_PATH + BYTES_PER_HOP)  # at least, whatever the path lengths
+        raise ScenarioError(f"{what}, at least {need / 2**30:,.1f} GiB) is over the bound of {MAX_TE_PATHS:,} "
+                            "paths (each is a variable of every solve: hours of work)", field="--topology", fix=fix)
+    paths, need = te_bytes(wan, k)
+    check_fits(need, field="--topology", value=what + ")", fix="use fewer --paths or a smaller topology")
     return paths
 
 
