@@ -45,12 +45,25 @@ def scratch(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "deep-block.yaml").write_text("".join(" " * i + f"k{i}:\n" for i in range(200)))
     (tmp_path / "bomb.yaml").write_text('a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
         f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefg", "bcdefgh", strict=True)))
+    base = "scenario: {model: {preset: debug}, cluster: {gpus: 32, gpus_per_server: 4}, job: {micro_batches: 6}}\n"
+    (tmp_path / "range.yaml").write_text(base + "grid: {job.micro_batches: 1..100000000}\n")
+    (tmp_path / "product.yaml").write_text(base + "grid: {job.micro_batches: 1..3000, job.dp_buckets: 1..2000}\n")
+    (tmp_path / "listed.yaml").write_text(base + "grid: {job.micro_batches: 1..1000}\nlist: ["
+                                          + ", ".join(["{ocs.mode: provisioned}"] * 101) + "]\n")
+    (tmp_path / "layers.yaml").write_text(scenario(model="{preset: debug, overrides: {layers: 1000000000}}"))
+    (tmp_path / "digits.yaml").write_text(scenario(model="{preset: debug, overrides: {layers: 1%s}}" % ("0" * 4000)))
+    (tmp_path / "hidden.yaml").write_text(scenario(model="{preset: debug, overrides: {hidden: 4294967296}}"))
+    (tmp_path / "ring500.json").write_text(json.dumps({"name": "ring500", "nodes": [f"n{i}" for i in range(500)],
+                                                       "links": [{"a": f"n{i}", "b": f"n{(i + 1) % 500}"}
+                                                                 for i in range(500)]}))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LIGHTRAIL_MEMORY_BUDGET", str(8 << 30))  # what is refused must not depend on the machine
     return tmp_path
 
 
 DELAYS_10K = ",".join(f"{k}us" for k in range(10_000))
+DELAYS_1001 = ",".join(f"{k}us" for k in range(1_001))  # one above the bound of 1,000 (once accepted)
+SIZES_1001 = ",".join(f"{k + 1}KiB" for k in range(1_001))
 
 CASES = [
     # --- once a traceback: the output folder was found unwritable after the work ------------------------------
@@ -120,6 +133,20 @@ CASES = [
     (f"sweep --ocs-delays {DELAYS_10K} --json", "--ocs-delays"),
     (f"stragglar sweep --straggler-delays {DELAYS_10K} --json", "--straggler-delays"),
     ("study collectives --ops alltoall --ranks 2..5000 --json", "--ranks"),
+    # --- once unbounded (issue 31): ranges and grids bounded before they are built, model sizes, TE's matrices -----
+    (f"sweep --ocs-delays {DELAYS_1001} --json", "--ocs-delays"),
+    (f"study collectives --ocs-delays {DELAYS_1001} --json", "--ocs-delays"),
+    (f"collective-sweep --ranks 8 --sizes {SIZES_1001} --json", "--sizes"),
+    (f"study collectives --sizes {SIZES_1001} --json", "--sizes"),
+    ("collective-sweep --ranks 8 --sizes 1B..1e300GiB --json", "--sizes"),
+    ("sweep range.yaml --local --json", "grid.job.micro_batches"),  # 12.9 GB before
+    ("sweep product.yaml --local --json", "grid"),  # 6,000,000 cells
+    ("sweep listed.yaml --local --json", "grid"),  # 1,000 x 101 listed cells
+    ("check layers.yaml", "model.overrides.layers"),  # past 60 s before
+    ("simulate layers.yaml --json", "model.overrides.layers"),
+    ("check digits.yaml", "model.overrides.layers"),  # a 4,000-digit parameter count before
+    ("check hidden.yaml", "model.overrides.hidden"),
+    ("te run --topology ring500.json --json", "--topology"),  # 500 nodes: its memory estimated, refused up front
     # --- once blamed on the wrong field -----------------------------------------------------------------------
     ("collective --ranks 0", "--ranks"),  # was --root
     ("study scaleup --mtbf-hours nan --json", "--mtbf-hours"),  # was mtbf
