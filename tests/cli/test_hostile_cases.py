@@ -287,3 +287,54 @@ def test_linear_schedules_are_not_held_to_the_quadratic_bound(monkeypatch):
         check_collective_size(op, "binomial-tree", MAX_RANKS)
     with pytest.raises(ScenarioError, match="too many"):
         check_collective_size("broadcast", "binomial-tree", MAX_RANKS + 1)
+
+
+# --- issue 31: one helper bounds every list, range and grid before it is built ---------------------------------
+
+def test_lists_take_exactly_the_bound():
+    """1,000 values are taken and 1,001 refused, by every list parser (``lightrail.limits.MAX_VALUES``)."""
+    from lightrail.cli.options import parse_sizes, parse_times
+    from lightrail.limits import MAX_VALUES
+
+    assert MAX_VALUES == 1_000
+    for parse, item, field in ((parse_times, "{}us", "--ocs-delays"), (parse_sizes, "{}KiB", "--sizes")):
+        assert len(parse(",".join(item.format(k + 1) for k in range(MAX_VALUES)), field=field)) == MAX_VALUES
+        with pytest.raises(ScenarioError, match="1,001 .* too many") as info:
+            parse(",".join(item.format(k + 1) for k in range(MAX_VALUES + 1)), field=field)
+        assert info.value.field == field
+
+
+def test_sweep_ranges_and_grids_are_refused_before_they_are_built():
+    """``1..100000000`` reached 12.9 GB and 3,000 x 2,000 cells had no bound: both refused from their sizes,
+    allocating next to nothing; the largest grid allowed is built."""
+    import tracemalloc
+
+    from lightrail.limits import MAX_CELLS
+    from lightrail.studies.sweep import parse_sweep
+
+    base = {"scenario": {"model": {"preset": "debug"}, "cluster": {"gpus": 32, "gpus_per_server": 4}}}
+    tracemalloc.start()
+    for grid, field in (({"job.micro_batches": "1..100000000"}, "grid.job.micro_batches"),
+                        ({"job.micro_batches": "1..3000", "job.dp_buckets": "1..2000"}, "grid")):
+        with pytest.raises(ScenarioError) as info:
+            parse_sweep({**base, "grid": grid})
+        assert info.value.field == field
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 32 * 2**20, peak
+    sweep = parse_sweep({**base, "grid": {"job.micro_batches": f"1..{MAX_CELLS // 2}", "ocs.partial": [True, False]}})
+    assert len(sweep.cells) == MAX_CELLS
+
+
+@pytest.mark.parametrize("field", ["layers", "hidden", "vocab", "experts"])
+def test_model_sizes_take_exactly_their_bound(field: str):
+    from lightrail.workload.model import MODEL_BOUNDS, preset
+
+    model = preset("debug")
+    bound = MODEL_BOUNDS[field]
+    extra = {"heads": 1, "kv_heads": 1, "head_dim": 64} if field == "hidden" else {}
+    extra |= {"top_k": 1} if field == "experts" else {}
+    assert getattr(model.with_(**{field: bound}, **extra), field) == bound
+    with pytest.raises(ScenarioError, match="too many") as info:
+        model.with_(**{field: bound + 1}, **extra)
+    assert info.value.field == f"model.{field}"
