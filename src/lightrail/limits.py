@@ -23,7 +23,8 @@ MAX_VALUES = 1_000
 of every plot, and each costs a model evaluation or a simulation."""
 MAX_CELLS = 100_000
 """Most cells of a sweep file (grid product x listed cells): each is a simulation of photonic against electrical
-rails (50 ms for a 32-GPU debug scenario, seconds for real jobs: 1.4 h to days on one core), and each holds a dict of its values."""
+rails (50 ms for a 32-GPU debug scenario, seconds for real jobs: 1.4 h to days on one core), and each holds a dict
+of its values."""
 
 
 def show_count(n: int | float) -> str:
