@@ -80,7 +80,11 @@ _PRCTL = _prctl()  # looked up here: a preexec_fn runs in a forked child, where 
 
 def die_with_parent() -> None:
     """Linux: this process gets SIGKILL when its parent dies, however it dies (SIGKILL too), so a killed launcher
-    leaves no worker or controller running on (issue 31 item 6). Elsewhere, nothing. Safe as a ``preexec_fn``."""
+    leaves no worker or controller running on (issue 31 item 6). Elsewhere, nothing. Safe as a ``preexec_fn``.
+
+    The kernel sends it when the *thread* that started the process ends, not only the process: a child started
+    from a helper thread that ends first must not use it (``start_controller`` skips it for a restart from
+    ``ControllerKiller``'s thread)."""
     if _PRCTL is not None:
         _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
