@@ -43,7 +43,7 @@ def test_torchrun_recipe_runs_a_job_whose_ranks_cross_rails_with_the_losses_of_p
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this Python (pip install torch)")
-    from lightrail.studies.photonic_demo import register_job, start_controller
+    from lightrail.runtime.controller.process import register_job, start_controller
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_")} | {"OMP_NUM_THREADS": "1"}
     proc, ready = start_controller(tmp_path / "controller.db", rails=2, ports=4, delay_s=0.001)

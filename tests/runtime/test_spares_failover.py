@@ -167,7 +167,7 @@ def test_a_hung_rank_is_failed_by_its_heartbeats_and_replaced(tmp_path):
     import functools
 
     from lightrail.runtime import torch_backend
-    from lightrail.studies.photonic_demo import register_job, start_controller
+    from lightrail.runtime.controller.process import register_job, start_controller
     from lightrail.studies.train_demo import run_demo, run_failover_demo
 
     layout = Layout.from_degrees(8, tp=2, pp=2, dp=2, gpus_per_server=2)

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from lightrail.cli import app
 from lightrail.cli.runtime import parse_kill_steps
 from lightrail.errors import ScenarioError
-from lightrail.studies import photonic_demo
-from lightrail.studies.photonic_demo import FAILING, IDLE, RECOVERED, ControllerKiller, _before_failure, _kills
+from lightrail.runtime.controller import process
+from lightrail.runtime.controller.process import FAILING, IDLE, RECOVERED, ControllerKiller, _before_failure
+from lightrail.studies.photonic_demo import _kills
 from lightrail.studies.train_demo import DemoConfig
 
 TINY = DemoConfig(tp=2, pp=2, dp=2, steps=6, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
@@ -93,7 +94,7 @@ def test_a_rank_does_not_fail_while_the_controller_restarts(monkeypatch):
     ctx = multiprocessing.get_context("spawn")
     reached, gate = ctx.Value("i", 1), ctx.Value("i", IDLE)
     connected = {"n": 9}
-    monkeypatch.setattr(photonic_demo, "_metrics", lambda port: {"lightrail_ranks_connected": connected["n"]})
+    monkeypatch.setattr(process, "_metrics", lambda port: {"lightrail_ranks_connected": connected["n"]})
     killer, events = _killer((1,), reached, gate, connected)
     released = threading.Event()
     original = killer._start
@@ -119,7 +120,7 @@ def test_a_rank_does_not_fail_while_the_controller_restarts(monkeypatch):
 def test_a_kill_falling_due_during_a_failover_waits_until_the_failed_step_is_done(monkeypatch):
     ctx = multiprocessing.get_context("spawn")
     reached, gate = ctx.Value("i", 2), ctx.Value("i", FAILING)  # rank 3 died at the start of step 2
-    monkeypatch.setattr(photonic_demo, "_metrics", lambda port: {"lightrail_ranks_connected": 8})
+    monkeypatch.setattr(process, "_metrics", lambda port: {"lightrail_ranks_connected": 8})
     killer, events = _killer((2,), reached, gate, None)
     with killer:
         time.sleep(0.1)

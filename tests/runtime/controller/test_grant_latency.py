@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from lightrail.runtime.controller.core import Controller
+from lightrail.runtime.controller.process import start_controller
 from lightrail.runtime.controller.protocol import Ack
-from lightrail.studies.photonic_demo import start_controller
 
 D = 0.010  # make()'s OCS delay (rail0 and rail1, 8 ports each)
 
