@@ -40,8 +40,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from lightrail.catalog import parse_kind  # where it is defined: the registry imports this module (no circle)
 from lightrail.collectives.collective import Collective, Kind
-from lightrail.collectives.registry import parse_kind
 from lightrail.collectives.schedule import Combine, Schedule
 from lightrail.errors import VerificationError
 
