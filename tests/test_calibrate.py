@@ -9,11 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from lightrail.calibrate import StepTerms, fit, fit_terms, model_times, parse_nccl_tests, step_terms
 from lightrail.cli import app
 from lightrail.collectives import generate
 from lightrail.errors import ScenarioError
 from lightrail.fabric.builders import build_topology
+from lightrail.studies.calibrate_nccl import StepTerms, fit, fit_terms, model_times, parse_nccl_tests, step_terms
 from lightrail.timing import Engine
 
 HEADER = """# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 \

@@ -27,7 +27,7 @@ CORE = {  # the room (first name under lightrail) -> its floor
     "scenario": 7,  # builds fabric, workload, plan and engine terms from a scenario file
 }
 WINGS = {"runtime", "te", "fl", "moe"}
-FACES = {"studies": 0, "calibrate": 0, "report": 1, "cli": 2, "api": 3}  # calibrate: a study (report reads it)
+FACES = {"studies": 0, "report": 1, "cli": 2, "api": 3}  # the NCCL fit is a study: studies/calibrate_nccl.py
 PUBLIC = {("moe", "runtime.launch")}  # a wing may use another wing's public face: the runtime's launcher
 KNOWN = {  # edges that break a rule today, each with why it is still here; the test fails once one is gone
     ("te.service", "studies.te"): "issue 32: the TE study's preparation moves into te/ after the input-bounds work",

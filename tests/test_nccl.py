@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightrail.calibrate import fit_nccl
 from lightrail.errors import ScenarioError, UnsupportedError
 from lightrail.nccl import (
     NIC_SEEN,
@@ -21,6 +20,7 @@ from lightrail.nccl import (
     p2p_time,
     parse_algorithm,
 )
+from lightrail.studies.calibrate_nccl import fit_nccl
 from lightrail.workload.nccl_tests import NcclRow
 
 US = 1e-6

@@ -24,7 +24,8 @@ What this model takes from the hardware instead of NCCL's topology search:
   on another node gets NCCL's p2p channels per peer (:func:`p2p_channels`), each carrying at most
   ``NCCL_P2P_PER_CHANNEL_NET_BW`` (14 GB/s, ``src/graph/paths.cc``), so one send/recv peer may not fill the NIC.
 
-:class:`NcclParams` holds the parameters a measurement can correct (and :mod:`lightrail.calibrate` fits): base
+:class:`NcclParams` holds the parameters a measurement can correct (and :mod:`lightrail.studies.calibrate_nccl`
+fits): base
 latency per protocol, per-hop latency per link class and protocol (ring's entries; the other algorithms' entries
 keep NCCL's ratio to ring's), the two bandwidths and the LL/LL128/NVLS efficiencies.
 """

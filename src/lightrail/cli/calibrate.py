@@ -89,8 +89,8 @@ def fit_log(file: Path, *, ranks: int = 8, topology: str = "switch", algo: str =
         raise ScenarioError(f"the log's header lists {listed} ranks", field="--ranks", fix=f"use --ranks {listed}")
     rows = table.rows
     if model == "engine":
-        from lightrail.calibrate import fit
         from lightrail.collectives.registry import resolve
+        from lightrail.studies.calibrate_nccl import fit
 
         name = resolve(kind, algo, ranks).name if algo == "auto" else algo
         check_collective_size(parse_kind(kind), name, ranks)  # bounded before the fit builds the schedule
@@ -98,8 +98,8 @@ def fit_log(file: Path, *, ranks: int = 8, topology: str = "switch", algo: str =
                   latency_s=parse_time(latency, field="--latency"), shape=parse_shape(shape),
                   gpus_per_server=gpus_per_server, hosts_per_leaf=hosts_per_leaf, oversubscription=oversubscription)
     else:
-        from lightrail.calibrate import fit_nccl, nccl_communicator
         from lightrail.nccl import ARCHS, parse_algorithm
+        from lightrail.studies.calibrate_nccl import fit_nccl, nccl_communicator
 
         if topology not in NCCL_TOPOLOGIES:
             raise ScenarioError(f"NCCL's model describes NVLink servers with a NIC per GPU, not {topology!r}",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from lightrail.calibrate import Calibration
 from lightrail.report.files import write_json, write_text
+from lightrail.studies.calibrate_nccl import Calibration
 from lightrail.units import format_rate, format_size, format_time
 
 __all__ = ["print_calibration", "write_calibration", "fragment_yaml", "plot_calibration"]
