@@ -23,7 +23,7 @@ run: $(STAMP)
 
 test: $(STAMP) chromium
 	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # The HTML report's browser test runs Debian's chromium (no browser download works offline); CI runs as root.
 chromium:

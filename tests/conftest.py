@@ -1,0 +1,24 @@
+"""Suite-wide: the tests that run many processes at once (gloo ranks, services, Ray) share one xdist group, so under
+``make test`` (``pytest -n 2 --dist loadgroup``) they run one at a time on one worker while the other worker takes the
+rest; each keeps the 2 cores' load it was written for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+PROCESSES = ("runtime", "fl", "moe/test_moe_layer.py", "studies/test_train_demo.py", "studies/test_straggler_run.py",
+             "studies/test_sweep.py", "te/test_service.py", "test_examples.py", "cli/test_hostile_cli.py")
+"""Test folders and files (under tests/) whose tests start several processes."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            where = Path(item.path).resolve().relative_to(ROOT).as_posix()
+        except ValueError:  # the doctests under src/
+            continue
+        if any(where == p or where.startswith(p.rstrip("/") + "/") for p in PROCESSES):
+            item.add_marker(pytest.mark.xdist_group("processes"))
