@@ -1,0 +1,144 @@
+"""The rail switches executing a Plan during a simulated iteration: circuit state (one device per rail, one port
+per server), the configuration each rail holds, the leases stages hold, and when a change may start (its ports
+drained, leases revoked) under the Plan's policy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightrail.control.opus import Requirement
+from lightrail.control.plan import Mode, Plan
+from lightrail.fabric.circuits import CircuitState
+from lightrail.fabric.params import RailFabric
+
+__all__ = ["Rails"]
+
+
+class Rails:
+    """The rail switches executing a Plan: circuit state (:class:`CircuitState`, one device per rail,
+    one port per server), the configuration each rail holds, and the leases stages hold."""
+
+    def __init__(self, plan: Plan | None, fabric: RailFabric, layout):
+        shape = (layout.gpus_per_server, layout.servers)
+        self.plan, self.fabric = plan, fabric
+        self.policy = plan.policy if plan is not None else None
+        self.state = CircuitState(*shape, fabric.delay)
+        self.holds: list[str | None] = [None] * shape[0]  # configuration each rail holds (whole switch)
+        self.tx_lease, self.rx_lease = np.full(shape, -1, np.int64), np.full(shape, -1, np.int64)
+        self.leased: dict[int, str] = {}  # stage -> configuration name it holds a lease on
+        self.acks = [0] * layout.pp  # per stage, leases that ended (each holder acks its revoke: a request)
+        self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
+
+    # -- leases ----------------------------------------------------------------------------------------
+    def has_lease(self, stage: int, req: Requirement) -> bool:
+        rail, tx, rx = req.circuits
+        return self.leased.get(stage) == req.phase and bool(np.all(self.state.present(rail, tx, rx)))
+
+    def take_lease(self, stage: int, req: Requirement) -> None:
+        self._drop(stage)
+        rail, tx, rx = req.circuits
+        self.tx_lease[rail, tx] = stage
+        self.rx_lease[rail, rx] = stage
+        self.leased[stage] = req.phase
+
+    def _drop(self, stage: int) -> None:
+        """The stage's lease ends: revoked, or it moved on to another phase (in the runtime that lease is revoked
+        when the next phase needs its ports; either way its holders ack once)."""
+        if self.leased.pop(stage, None) is not None:
+            self.acks[stage] += 1
+        self.tx_lease[self.tx_lease == stage] = -1
+        self.rx_lease[self.rx_lease == stage] = -1
+
+    def _revoke(self, tx_ports, rx_ports) -> None:
+        if not self.leased:  # no lease anywhere (a lease's ports are marked only while it is in ``leased``)
+            return
+        held = np.bincount(np.concatenate([self.tx_lease[tx_ports], self.rx_lease[rx_ports]]) + 1)  # -1: none
+        for stage in (np.flatnonzero(held[1:])).tolist():
+            self._drop(stage)
+
+    def _free(self, tx_ports, rx_ports, decision: float) -> np.ndarray:
+        """Per rail, when the controller may switch these (rail, port) arrays: their last traffic's release
+        has arrived, and a lease on them was revoked and acknowledged (a group's lease has holders besides
+        the asking rank, even when its own stage leased it: the revoke is a round trip)."""
+        rails = len(self.holds)
+        if not self.fabric.drain:
+            return np.zeros(rails)
+        half, revoke = self.fabric.rtt / 2, self.fabric.revoke
+        busy, held = np.zeros(rails), np.zeros(rails, bool)
+        for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
+                                          (rx_ports, self.state.rx_busy, self.rx_lease)):
+            np.maximum.at(busy, rail, when[rail, port])
+            np.logical_or.at(held, rail, lease[rail, port] >= 0)
+        if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
+            return busy + half
+        # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
+        # a holder inside an op acks when it ends
+        return np.where(held, np.maximum(decision + revoke, busy + revoke / 2), busy + half)
+
+    def _free_rail(self, r: int, decision: float) -> float:
+        """:meth:`_free` of every port of rail ``r`` (a whole-switch rewrite), over the rail's rows at once."""
+        if not self.fabric.drain:
+            return 0.0
+        state, half, revoke = self.state, self.fabric.rtt / 2, self.fabric.revoke
+        busy = max(0.0, float(state.tx_busy[r].max()), float(state.rx_busy[r].max()))
+        if self.policy.mode is Mode.PROVISIONED:
+            return busy + half
+        held = bool(self.leased) and bool((self.tx_lease[r] >= 0).any() or (self.rx_lease[r] >= 0).any())
+        return max(decision + revoke, busy + revoke / 2) if held else busy + half
+
+    def _revoke_rail(self, r: int) -> None:
+        """:meth:`_revoke` of every port of rail ``r``."""
+        if not self.leased:
+            return
+        held = np.bincount(np.concatenate([self.tx_lease[r], self.rx_lease[r]]) + 1)
+        for stage in np.flatnonzero(held[1:]).tolist():
+            self._drop(stage)
+
+    # -- switching -------------------------------------------------------------------------------------
+    def ensure(self, req: Requirement, decision: float) -> float:
+        """Make ``req``'s circuits present; a change starts no earlier than ``decision`` (the controller's
+        decision plus its command latency) nor before its ports are free. Returns when they are lit."""
+        rail, tx, rx = req.circuits
+        if not len(rail) or not self.fabric.circuits:
+            return 0.0
+        if self.policy.partial:
+            self._ports(req, decision)
+        else:
+            self._switch(req, decision)
+        return self.state.lit_at(rail, tx, rx)
+
+    def occupy(self, req: Requirement, end: float) -> None:
+        rail, tx, rx = req.circuits
+        self.state.occupy(rail, tx, rx, end)
+
+    def _switch(self, req: Requirement, decision: float) -> None:
+        """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
+        rail, tx, rx = req.circuits
+        for r in np.unique(rail):
+            sel = rail == r
+            present = bool(np.all(self.state.present(r, tx[sel], rx[sel])))
+            if self.holds[r] == req.phase and present or present and self.policy.skip_present:
+                continue
+            new = self.plan.configurations[req.phase][r]
+            if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
+                self.holds[r] = req.phase
+                continue
+            start = max(decision, self._free_rail(r, decision))  # drain the whole rail
+            end, changed = self.state.rewrite(r, new, start)
+            self._revoke_rail(r)
+            self.holds[r] = req.phase
+            self.reconfigs.append((int(r), start, end, changed, req.phase))
+
+    def _ports(self, req: Requirement, decision: float) -> None:
+        """Partial reconfiguration: only ports whose circuits change go dark, each rail on its own."""
+        rail, tx, rx = req.circuits
+        (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = self.state.switched_ports(rail, tx, rx)
+        if not len(m_rail):
+            return
+        start = np.maximum(decision, self._free((tx_rail, tx_port), (rx_rail, rx_port), decision))
+        self.state.apply(rail, tx, rx, start)
+        self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
+        counts = np.bincount(m_rail, minlength=len(self.holds))
+        for r in np.flatnonzero(counts):
+            self.reconfigs.append((int(r), float(start[r]), float(start[r]) + self.fabric.delay, int(counts[r]),
+                                   req.phase))
