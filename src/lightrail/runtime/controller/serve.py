@@ -154,10 +154,10 @@ async def _serve(config: ControllerConfig, state_path: str, ready, concentrator:
     # collection stalled the loop 41 ms, every outstanding acquire with it; issue 17).
     gc.freeze()
     info["gc_frozen_objects"] = gc.get_freeze_count()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before ready: a launcher may stop it the moment it reads the line
+        loop.add_signal_handler(sig, stop.set)
     _log("ready", **info, operator_token="generated" if generated else "given")
     ready({**info, "operator_token": token} if generated else info)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     _log("stopping")
     sweeper.cancel()
