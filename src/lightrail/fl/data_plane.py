@@ -51,7 +51,7 @@ class DataPlane:
         self.sent: dict[tuple[int, int], dict[str, object]] = {}  # (job, round) -> client -> update (float64)
         self.opened: dict[tuple[int, int], asyncio.Event] = {}
         self.closing: dict[tuple[int, int], asyncio.Task] = {}
-        self.counts = {"leaf_retries": 0, "leaf_refusals": 0, "flushes": 0}
+        self.counts = {"leaf_retries": 0, "leaf_refusals": 0, "late_models": 0, "flushes": 0}
         self.round_close_s: list[float] = []
 
     @staticmethod
@@ -138,7 +138,9 @@ class DataPlane:
         leaf, r = await self.leaf_call("GET", leaf, f"/jobs/{self.name(job)}/model", params={"round": rnd})
         body = r.json() if r.status_code == 200 else {}
         if body.get("round") != rnd:
-            self.counts["leaf_refusals"] += 1
+            # the round moved on before this over-selected client came for its model (late, e.g. behind a leaf's
+            # replacement): it checks in again. Not a lost result: ``leaf_refusals`` counts those (uploads refused)
+            self.counts["late_models"] += 1
             return None
         upd = self.update(client, job, rnd, np.asarray(body["model"], np.float32))
         if train_s > 0:
@@ -241,5 +243,6 @@ class DataPlane:
                 "model_exact": exact, "model_check": per_job, "leaf_killed": self.killed,
                 "leaves_replaced": len(replaced), "replaced_leaves": replaced,
                 "leaf_retries": self.counts["leaf_retries"], "leaf_refusals": self.counts["leaf_refusals"],
+                "late_models": self.counts["late_models"],
                 "round_close_s_max": round(max(self.round_close_s), 3) if self.round_close_s else None}
 
