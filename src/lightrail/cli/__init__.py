@@ -3,7 +3,7 @@
 One module per verb group; each registers its commands on :data:`lightrail.cli.app.app` when imported,
 and every module of this package is imported here, so a new verb group is one new module.
 
-Lean start: a verb module's top level imports only typer, ``lightrail.cli.options``/``app``, and light
+Lean start: a verb module's top level imports only typer, ``lightrail.cli.options``/``output``/``app``, and light
 modules (``lightrail.defaults``, ``units``, ``errors``); numpy, scipy, matplotlib, torch, fastapi, the
 runtime and the library's planners are imported inside the command that uses them
 (``tests/cli/test_lean_start.py`` pins it; ``benchmarks/bench_startup.py`` measures it).

@@ -24,8 +24,8 @@ from lightrail.cli.options import (
     figure_suffix,
     parse_kind,
     parse_shape,
-    print_json,
 )
+from lightrail.cli.output import print_json
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, Kind
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.units import parse_rate, parse_time

@@ -9,15 +9,8 @@ import typer
 
 from lightrail.cli.app import friendly, given_on_command_line, out
 from lightrail.cli.calibrate import calibrate_app
-from lightrail.cli.options import (
-    MAX_SWEEP_POINTS,
-    FigureFormat,
-    JsonOut,
-    built_scenario,
-    figure_suffix,
-    print_json,
-    progress_bar,
-)
+from lightrail.cli.options import MAX_SWEEP_POINTS, FigureFormat, JsonOut, built_scenario, figure_suffix
+from lightrail.cli.output import print_json, progress_bar
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_time
 

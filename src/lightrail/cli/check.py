@@ -13,7 +13,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, built_scenario, print_json
+from lightrail.cli.options import JsonOut, built_scenario
+from lightrail.cli.output import print_json
 from lightrail.errors import LightrailError, ScenarioError
 
 MAX_CHECKED_CELLS = 1000

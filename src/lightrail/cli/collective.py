@@ -42,13 +42,10 @@ from lightrail.cli.options import (
     old_spelling,
     parse_kind,
     parse_sizes,
-    print_json,
-    progress_steps,
     renamed,
     result_out,
-    save_result,
-    writes_files,
 )
+from lightrail.cli.output import print_json, progress_steps, save_result, writes_files
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_rate, parse_size, parse_time

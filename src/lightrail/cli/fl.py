@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, err, friendly, out
-from lightrail.cli.options import JsonOut, check_count, check_out, print_json
+from lightrail.cli.options import JsonOut, check_count, check_out
+from lightrail.cli.output import print_json
 from lightrail.errors import ScenarioError
 
 fl_app = typer.Typer(no_args_is_help=True, help="Federated / collaborative ML resource manager (Propius).")

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, print_json, result_out, save_result
+from lightrail.cli.options import JsonOut, result_out
+from lightrail.cli.output import print_json, save_result
 
 import_app = typer.Typer(no_args_is_help=True, help="Bring workloads in: Chakra execution traces.")
 app.add_typer(import_app, name="import")

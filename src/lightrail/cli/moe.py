@@ -19,10 +19,9 @@ from lightrail.cli.options import (
     check_out,
     figure_suffix,
     old_spelling,
-    print_json,
     renamed,
-    writes_files,
 )
+from lightrail.cli.output import print_json, writes_files
 from lightrail.errors import ScenarioError
 
 moe_app = typer.Typer(no_args_is_help=True, help="Mixture-of-experts: expert-parallel dispatch and combine.")

@@ -1,22 +1,22 @@
-"""Options and parsers shared by the verbs: units, lists and ranges, the fabric, the scenario.
+"""Options and parsers shared by the verbs: units, lists and ranges, bounds, the fabric, the scenario.
 
 Every parser names the flag it reads in its errors, so a bad value exits 2 saying which flag to fix.
 This module's top level stays cheap (typer and ``lightrail.defaults``, no numpy): every verb imports it
-when the CLI starts, so parsers that need the library import it inside themselves.
+when the CLI starts, so parsers that need the library import it inside themselves. What the verbs print
+and write (``--json``, ``--out``, ``--html``, progress bars) is :mod:`lightrail.cli.output`.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from lightrail.cli.app import err, given_on_command_line
+from lightrail.cli.output import print_json, progress_bar  # noqa: F401 - cli/te.py still reads them here
 from lightrail.defaults import ALPHA, HOP_LATENCY, NIC_BANDWIDTH, NVLINK_BANDWIDTH, TOPOLOGIES, Kind, Mode
 from lightrail.errors import ScenarioError, UnsupportedError
 from lightrail.limits import (
@@ -305,6 +305,20 @@ def check_out(folder: Path | None, *, field: str = "--out") -> Path | None:
     return check_writable(folder, field=field)
 
 
+def result_out(name: str) -> typer.models.OptionInfo:
+    """``--out`` of a verb that prints its result and writes nothing unless asked: the folder for ``name``."""
+    return typer.Option("--out", show_default=False, help=f"Also write the result as {name} in this folder "
+                        "(made if missing); without it nothing is written.")
+
+
+def figure_suffix(fmt: str) -> str:
+    """``--format``'s value checked: png, svg or pdf."""
+    fmt = fmt.lower().lstrip(".")
+    if fmt not in ("png", "svg", "pdf"):
+        raise ScenarioError(f"cannot write figures as {fmt!r}", field="--format", fix="use png, svg or pdf")
+    return fmt
+
+
 # ---- fabrics and scenarios ----------------------------------------------------------------------------------
 
 def build_fabric(topology: str, ranks: int, bandwidth: str, latency: str, shape: str | None, gpus_per_server: int,
@@ -402,82 +416,3 @@ def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: st
     if mode is not None:
         built = replace(built, policy=replace(built.policy, mode=parse_mode(mode)))
     return built
-
-
-# ---- output to the terminal ---------------------------------------------------------------------------------
-
-def print_json(obj) -> None:
-    """Every ``--json`` goes through here: strict JSON (non-finite floats as null, never ``Infinity``)."""
-    from lightrail.report.files import dumps_json
-
-    sys.stdout.write(dumps_json(obj) + "\n")
-
-
-def output_folder(out_dir: Path | None, default: str, *, as_json: bool, html: bool = False) -> Path | None:
-    """Where a verb writes its files: ``--out`` if given; else ``default``, except under ``--json`` (which
-    prints and writes nothing) unless ``--html`` asks for a page."""
-    if out_dir is not None:
-        return out_dir
-    return None if as_json and not html else Path(default)
-
-
-def writes_files(as_json: bool, html: bool = False) -> bool:
-    """Whether a verb with a default ``--out`` writes its files: always, except under ``--json`` (which prints
-    and writes nothing) unless ``--out`` was typed or ``--html`` asks for a page."""
-    return not as_json or html or given_on_command_line("out_dir")
-
-
-def result_out(name: str) -> typer.models.OptionInfo:
-    """``--out`` of a verb that prints its result and writes nothing unless asked: the folder for ``name``."""
-    return typer.Option("--out", show_default=False, help=f"Also write the result as {name} in this folder "
-                        "(made if missing); without it nothing is written.")
-
-
-def save_result(out_dir: Path | None, name: str, data: dict, *, quiet: bool = False) -> Path | None:
-    """``--out`` of a :func:`result_out` verb: ``out_dir/name`` holds the same JSON ``--json`` prints (written
-    atomically); ``None`` writes nothing. The folder was proven writable before the work (``@friendly``)."""
-    if out_dir is None:
-        return None
-    from lightrail.report.files import write_json
-
-    path = write_json(Path(out_dir) / name, data)
-    if not quiet:
-        err.print(f"wrote {path}", highlight=False)
-    return path
-
-
-def html_report(out_dir: Path | None, html: bool, *, quiet: bool = False) -> Path | None:
-    """``--html``: ``out_dir/report.html``, from the files the verb has just written there."""
-    if not html or out_dir is None:
-        return None
-    from lightrail.report.html import write_report
-
-    path = write_report(out_dir)
-    if not quiet:
-        err.print(f"report: {path}", highlight=False)
-    return path
-
-
-def figure_suffix(fmt: str) -> str:
-    """``--format``'s value checked: png, svg or pdf."""
-    fmt = fmt.lower().lstrip(".")
-    if fmt not in ("png", "svg", "pdf"):
-        raise ScenarioError(f"cannot write figures as {fmt!r}", field="--format", fix="use png, svg or pdf")
-    return fmt
-
-
-def progress_bar(total: int, label: str, quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, transient=True, disable=quiet or not err.is_terminal)
-    return progress, progress.add_task(label, total=total)
-
-
-@contextmanager
-def progress_steps(total: int, label: str, quiet: bool) -> Iterator[Callable[[str], None]]:
-    """A progress bar on stderr for ``total`` steps; yields ``step(description)``, the ``progress`` callback
-    the studies take (one call per finished step)."""
-    progress, task = progress_bar(total, label, quiet)
-    with progress:
-        yield lambda description: progress.update(task, advance=1, description=description)

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, print_json, result_out, save_result
+from lightrail.cli.options import JsonOut, result_out
+from lightrail.cli.output import print_json, save_result
 from lightrail.defaults import MAX_PORTS, MESHES
 
 

@@ -23,18 +23,13 @@ from lightrail.cli.options import (
     check_count,
     check_out,
     figure_suffix,
-    html_report,
     old_spelling,
-    output_folder,
     parse_gpu_counts,
     parse_times,
-    print_json,
-    progress_bar,
-    progress_steps,
     renamed,
     result_out,
-    save_result,
 )
+from lightrail.cli.output import html_report, output_folder, print_json, progress_bar, progress_steps, save_result
 from lightrail.defaults import GPUS_PER_SERVER, OCS_DELAYS
 from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.units import format_time

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, friendly, out
-from lightrail.cli.options import JsonOut, print_json
+from lightrail.cli.options import JsonOut
+from lightrail.cli.output import print_json
 
 
 @app.command("report")

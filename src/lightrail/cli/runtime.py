@@ -11,16 +11,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, err, friendly, out
-from lightrail.cli.options import (
-    FigureFormat,
-    JsonOut,
-    OcsDelay,
-    figure_suffix,
-    parse_mode,
-    print_json,
-    progress_steps,
-    writes_files,
-)
+from lightrail.cli.options import FigureFormat, JsonOut, OcsDelay, figure_suffix, parse_mode
+from lightrail.cli.output import print_json, progress_steps, writes_files
 from lightrail.defaults import RECONFIG_DELAY, Mode
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_time

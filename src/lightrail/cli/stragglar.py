@@ -37,14 +37,10 @@ from lightrail.cli.options import (
     old_spelling,
     parse_rank_range,
     parse_times,
-    print_json,
-    progress_bar,
-    progress_steps,
     renamed,
     result_out,
-    save_result,
-    writes_files,
 )
+from lightrail.cli.output import print_json, progress_bar, progress_steps, save_result, writes_files
 from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_rate, parse_size, parse_time

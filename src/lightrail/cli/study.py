@@ -28,18 +28,14 @@ from lightrail.cli.options import (
     check_count,
     check_out,
     figure_suffix,
-    html_report,
     old_spelling,
     parse_kinds,
     parse_rank_range,
     parse_sizes,
     parse_times,
-    print_json,
-    progress_bar,
-    progress_steps,
     renamed,
-    writes_files,
 )
+from lightrail.cli.output import html_report, print_json, progress_bar, progress_steps, writes_files
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.units import parse_rate, parse_time
 

@@ -10,16 +10,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import friendly, out
-from lightrail.cli.options import (
-    JsonOut,
-    check_count,
-    check_out,
-    old_spelling,
-    print_json,
-    renamed,
-    result_out,
-    save_result,
-)
+from lightrail.cli.options import JsonOut, check_count, check_out, old_spelling, renamed, result_out
+from lightrail.cli.output import print_json, save_result
 from lightrail.cli.te import check_lambda, check_te_sizes, te_app
 from lightrail.errors import ScenarioError
 
