@@ -119,13 +119,22 @@ class OpDurations:
         lay, fab = self.layout, self.fabric
         g = lay.gpus_per_server
         none = np.zeros(0, np.int64)
+        # steps with the same traffic share their (src, dst) arrays (the planner's ring repeats one pair of arrays
+        # 2(k-1) times): each distinct pair of arrays is marked, relabelled and modelled once
+        distinct = list({(id(src), id(dst)): (src, dst) for src, dst in req.steps}.values())
         present = np.zeros(lay.world, bool)  # the ranks the steps name: marked, not sorted (steps x ranks values)
-        for src, dst in req.steps:
+        for src, dst in distinct:
             present[src] = present[dst] = True
         if not present.any():
             return 0.0, 0.0, none, none, none, np.zeros(0), {}
-        servers = np.unique(lay.server(np.flatnonzero(present)))
-        local = (lambda r: np.searchsorted(servers, lay.server(r)) * g + lay.rail(r))  # noqa: E731
+        named = np.flatnonzero(present)
+        in_use = np.zeros(lay.servers, bool)
+        in_use[lay.server(named)] = True
+        servers = np.flatnonzero(in_use)  # sorted, each once (np.unique without its sort)
+        where = np.zeros(lay.servers, np.int64)
+        where[servers] = np.arange(len(servers))
+        local_of = np.zeros(lay.world, np.int64)  # a rank's GPU on the servers kept, renumbered from 0
+        local_of[named] = where[lay.server(named)] * g + lay.rail(named)
         if fab.circuits:
             rail, tx, rx = req.circuits
             topo = photonic_rails(len(servers), (rail, np.searchsorted(servers, tx), np.searchsorted(servers, rx)),
@@ -136,8 +145,10 @@ class OpDurations:
                          nvlink_bandwidth=fab.nvlink_bandwidth, latency=fab.latency, routing=fab.routing)
         engine = Engine(topo, alpha=fab.alpha)
         # steps with the same traffic share one model (a ring's 2(n-1) steps are one): each is routed once
-        models = [engine.step_model(local(src), local(dst), np.full(len(src), float(per_transfer)))
-                  for src, dst in req.steps]
+        model_of = {(id(src), id(dst)): engine.step_model(local_of[src], local_of[dst],
+                                                         np.full(len(src), float(per_transfer)))
+                    for src, dst in distinct}
+        models = [model_of[id(src), id(dst)] for src, dst in req.steps]
         seconds = sum(m.time(1.0, engine.alpha) for m in models)
         wire = engine.wire(models, 1.0)
         link, sec = engine.busy(models, 1.0)
