@@ -20,9 +20,9 @@ import pytest
 from typer.testing import CliRunner
 
 from lightrail.cli import app
-from lightrail.studies.te import DEFAULT_LAMBDA, TeSetup, prepare
 from lightrail.te.decentral import realize
 from lightrail.te.formulations import TeProblem
+from lightrail.te.prepare import DEFAULT_LAMBDA, TeSetup, prepare
 from lightrail.te.service import owned_paths, view
 from lightrail.te.slicing import slice_nodes
 

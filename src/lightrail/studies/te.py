@@ -1,7 +1,8 @@
 """Symphony's question on a real WAN: do slice controllers that each solve TE on their own view of
 demand overload links together, does the quadratic regularizer stop it, and how much traffic does
 one failed controller take down under each slicer? ``run_te`` is ``lightrail te run``; ``sweep_te``
-is ``lightrail study te``."""
+is ``lightrail study te``. The setup and its prepared network live in :mod:`lightrail.te.prepare` (the live
+service starts from them too); they are re-exported here."""
 
 from __future__ import annotations
 
@@ -10,78 +11,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lightrail.errors import ScenarioError
-from lightrail.te.decentral import METRICS, Metrics, check_perturbation, realize, scale_to_load, views
-from lightrail.te.formulations import Objective, TeProblem
-from lightrail.te.inputs import load_topology, load_traffic
-from lightrail.te.network import Wan
-from lightrail.te.paths import DEFAULT_K, PathSet, k_shortest_paths
-from lightrail.te.slicing import OPTIMAL_MAX_NODES, Slicer, check_slices, optimal, slice_nodes
-from lightrail.te.traffic import gravity
+from lightrail.te.decentral import METRICS, Metrics, realize, views
+from lightrail.te.formulations import TeProblem
+from lightrail.te.prepare import DEFAULT_LAMBDA, TeNetwork, TeSetup, prepare
+from lightrail.te.slicing import OPTIMAL_MAX_NODES, Slicer, check_slices, slice_nodes
 
 __all__ = ["CONTROLLERS", "DEFAULT_LAMBDA", "SWEEP", "TeSetup", "TeNetwork", "TeRun", "TeSweep", "prepare",
            "make_slicings", "run_te", "sweep_setups", "sweep_te"]
 
 CONTROLLERS = ("regularized", "unregularized")
-
-#: Weight of the regularizer against the dimensionless primary objective (fraction of demand served). Chosen on
-#: our own runs (GEANT, 5 slices, +-5% views, 100 matrices, `benchmarks/bench_te.py --lambda L --matrices 100`):
-#: 0.0003 to 0.003 all cut the divergence overload 8x and raise throughput (98.71% vs 98.46% unregularized);
-#: 0.01 cuts it 10x but serves 97.5%, and 0.1 starves the network (the sum runs over every link).
-DEFAULT_LAMBDA = 0.001
-
-
-@dataclass(frozen=True)
-class TeSetup:
-    """One decentralized-TE experiment: the network, its traffic, the controllers and the slicers."""
-
-    topology: str = "geant"
-    slices: int = 5
-    lam: float = DEFAULT_LAMBDA
-    perturbation: float = 0.05
-    objective: Objective = Objective.MAX_FLOW
-    k: int = DEFAULT_K
-    matrices: int = 10
-    load: float = 0.9
-    seed: int = 0
-    traffic: str | None = None  # a matrix file (Gbps); None: the gravity model scaled to ``load``
-    slicers: tuple[Slicer, ...] = (Slicer.RANDOMIZED, Slicer.CONTIGUOUS, Slicer.OPTIMAL)  # the first: top level
-
-    def check(self) -> None:
-        if not self.lam >= 0:
-            raise ScenarioError(f"lambda {self.lam}", field="--lambda", fix="use lambda >= 0 (0 turns it off)")
-        check_perturbation(self.perturbation)
-        if not isinstance(self.matrices, int) or self.matrices < 1:
-            raise ScenarioError(f"{self.matrices!r} traffic matrices", field="--matrices", fix="use an integer >= 1")
-
-
-@dataclass(frozen=True, eq=False)
-class TeNetwork:
-    """What every run on one topology shares: the WAN, its paths, its traffic (T, D) in Gbps."""
-
-    wan: Wan
-    paths: PathSet
-    demands: np.ndarray
-
-    def node_traffic(self) -> np.ndarray:
-        """Each node's mean outgoing traffic: what its slice controller programs."""
-        return np.bincount(self.paths.pairs[:, 0], weights=self.demands.mean(axis=0), minlength=self.wan.n)
-
-
-def prepare(setup: TeSetup) -> TeNetwork:
-    """Load the topology, compute its paths and its traffic."""
-    setup.check()
-    wan = load_topology(setup.topology)
-    check_slices(wan.n, setup.slices)
-    if all(Slicer.parse(s) is Slicer.OPTIMAL for s in setup.slicers) and wan.n > OPTIMAL_MAX_NODES:
-        optimal(np.ones(wan.n), setup.slices)  # its error, before the paths of a large network are computed
-    paths = k_shortest_paths(wan, setup.k)
-    if setup.traffic is not None:
-        demands = paths.demand_vector(load_traffic(setup.traffic, wan.n))[: setup.matrices]
-    else:
-        tms = gravity(wan, setup.matrices, seed=setup.seed)
-        demands = scale_to_load(paths, wan.capacity, paths.demand_vector(tms), setup.load)
-    return TeNetwork(wan, paths, demands)
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,7 +65,7 @@ def make_slicings(setup: TeSetup, net: TeNetwork) -> dict[str, np.ndarray]:
     return {s.value: slice_nodes(s, net.wan, setup.slices, weights, seed=setup.seed) for s in kept}
 
 
-def run_te(setup: TeSetup = TeSetup(), *, network: TeNetwork | None = None,
+def run_te(setup: TeSetup = TeSetup(), *, network: TeNetwork | None = None,  # noqa: B008 - TeSetup is frozen
            slicings: dict[str, np.ndarray] | None = None,
            progress: Callable[[int, int], None] = lambda done, total: None) -> TeRun:
     """Every traffic matrix: k perturbed views, each solved by a regularized and an unregularized
@@ -181,7 +119,7 @@ def sweep_setups(base: TeSetup, sweep: dict[str, Sequence]) -> list[TeSetup]:
     return out
 
 
-def sweep_te(base: TeSetup = TeSetup(), sweep: dict[str, Sequence] = SWEEP, *,
+def sweep_te(base: TeSetup = TeSetup(), sweep: dict[str, Sequence] = SWEEP, *,  # noqa: B008 - TeSetup is frozen
              progress: Callable[[int, int], None] = lambda done, total: None) -> TeSweep:
     """``run_te`` at every point of the sweep; each topology's paths and traffic built once."""
     setups = sweep_setups(base, sweep)

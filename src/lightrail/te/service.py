@@ -1,7 +1,7 @@
 """Symphony's slice controllers as real processes (``lightrail te serve``): the network and its protocol.
 
 The parent process is the network. It loads the topology, its paths and a sequence of traffic
-matrices (``studies.te.prepare``), slices the nodes, listens on loopback and starts one controller
+matrices (``te.prepare.prepare``), slices the nodes, listens on loopback and starts one controller
 process per slice (``python -m lightrail.te.controller_proc``). Each controller loads the same
 topology and paths itself and compiles its own TE problem once, so only demands and allocations
 cross the wire, as JSON lines over TCP on 127.0.0.1:
@@ -397,10 +397,10 @@ def serve_te(setup, *, slicer: Slicer | str = Slicer.RANDOMIZED, epochs: int = 2
     SIGKILL that slice's controller at the start of that epoch. Every input is checked before any
     process starts; every controller is stopped and reaped before this returns or raises.
 
-    ``setup`` is a ``studies.te.TeSetup`` (its ``matrices`` is replaced by ``epochs`` or CYCLE).
+    ``setup`` is a ``te.prepare.TeSetup`` (its ``matrices`` is replaced by ``epochs`` or CYCLE).
     ``allocations``: a file to write every allocation the network used, one JSON line each
     (``{"epoch", "slice", "paths": [owned path indices], "flows": [...]}``), to audit the metrics."""
-    from lightrail.studies.te import prepare
+    from lightrail.te.prepare import prepare
     from lightrail.te.slicing import slice_nodes
 
     slicer = Slicer.parse(slicer)
