@@ -29,10 +29,7 @@ CORE = {  # the room (first name under lightrail) -> its floor
 WINGS = {"runtime", "te", "fl", "moe"}
 FACES = {"studies": 0, "report": 1, "cli": 2, "api": 3}  # the NCCL fit is a study: studies/calibrate_nccl.py
 PUBLIC = {("moe", "runtime.launch")}  # a wing may use another wing's public face: the runtime's launcher
-KNOWN = {  # edges that break a rule today, each with why it is still here; the test fails once one is gone
-    ("te.service", "studies.te"): "issue 32: the TE study's preparation moves into te/ after the input-bounds work",
-    ("workload.model", "moe.traffic"): "issue 32: the MoE byte formula moves into the core after the input-bounds work",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # edges that break a rule today, each with why it is still here
 
 
 def _room(module: str) -> str:

@@ -301,13 +301,13 @@ class ModelSpec:
     def moe_alltoall_bytes(self, tokens: int, ep: int, *, dispatch: str = "payload", capacity_factor: float = 1.0,
                            imbalance: float = 1.0) -> float:
         """One rank's EP all-to-all buffer for ``tokens`` tokens in one MoE layer, per direction, from the MoE
-        layer's own traffic formulas (:func:`lightrail.moe.traffic.alltoall_buffer_bytes`).
+        layer's own traffic formulas (:func:`lightrail.workload.moe_bytes.alltoall_buffer_bytes`).
 
         ``payload`` (routed tokens only; with ``imbalance`` 1 this is :meth:`moe_dispatch_bytes`) or
         ``padded`` (``experts x capacity`` slots, ``capacity = ceil(capacity_factor * tokens * top_k /
         experts)``). The buffer holds the rank's own chunk too; the ``(ep - 1) / ep`` that goes to other ranks
-        is what crosses the wire (:func:`~lightrail.moe.traffic.payload_bytes`, ``padded_bytes``)."""
-        from lightrail.moe.traffic import alltoall_buffer_bytes
+        is what crosses the wire (:func:`~lightrail.workload.moe_bytes.payload_bytes`, ``padded_bytes``)."""
+        from lightrail.workload.moe_bytes import alltoall_buffer_bytes
 
         tokens = _count(tokens, "tokens", minimum=0)
         if not self.experts:
