@@ -4,7 +4,8 @@ The core: units < fabric < collectives < workload < timing < control < sim (DESI
 modules placed on a floor; lower floors never import higher ones, and the core packages import each other in no
 circle. The wings (``runtime``, ``te``, ``fl``, ``moe``) stand on the core and on the public faces (``web``, the
 runtime's launcher): no wing or core module imports ``studies``, ``report``, ``cli`` or ``api``, and the core
-imports no wing. The faces on top go studies < report < cli < api.
+imports no wing. The faces on top go studies < report < cli < api. Files are renamed into place by one helper
+(``lightrail.atomic.write_atomic``), which reports and the services' own state both call.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lightrail"
 
 CORE = {  # the room (first name under lightrail) -> its floor
     "errors": 0, "units": 0, "limits": 0, "defaults": 0, "validation": 0, "web": 0,
+    "atomic": 0,  # the one atomic-file writer: reports and the services' own state
     "fabric": 1,
     "collectives": 2, "catalog": 2,  # catalog: the registry's listing, read from source (kept apart: no numpy)
     "workload": 3,
@@ -120,6 +122,20 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
         if node not in state and (found := visit(node)):
             return found
     return []
+
+
+def test_one_atomic_writer():
+    """No module but ``lightrail/atomic.py`` renames a file into place or makes its own temporary file to rename:
+    a service's state and a report are written whole by the same helper (durable for a service)."""
+    calls = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    (isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
+                     and node.func.attr in ("replace", "rename", "renames"))
+                    or node.func.attr == "mkstemp"):
+                calls.append(f"{path.relative_to(SRC)}:{node.lineno} {node.func.attr}")
+    assert calls and all(c.startswith("atomic.py:") for c in calls), calls
 
 
 @pytest.mark.parametrize("edge", sorted(KNOWN))

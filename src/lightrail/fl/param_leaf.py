@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lightrail.atomic import write_bytes
 from lightrail.fl.aggregate import Partial, as_vector, result_weight
 from lightrail.fl.param_protocol import ParamServerError, Result, _check_job, _etag, _log
 
@@ -70,20 +70,6 @@ class RoundBuffer:
         return sorted(i for i, b in self.batches.items() if not b.forwarded and b.dropped is None)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LeafState:
     """A leaf's model cache and round buffers. ``state``: the directory that makes acknowledged results durable
     (None: memory only). Changes happen on the event loop without awaits, each persisted before it is visible."""
@@ -114,7 +100,7 @@ class LeafState:
         if path.exists():
             return json.loads(path.read_text())["leaf_id"]
         leaf_id = f"leaf-{uuid.uuid4().hex[:12]}"
-        _atomic_write(path, json.dumps({"leaf_id": leaf_id}).encode())
+        write_bytes(path, json.dumps({"leaf_id": leaf_id}).encode(), durable=True)
         return leaf_id
 
     def _persist(self, buf: RoundBuffer) -> None:
@@ -122,7 +108,7 @@ class LeafState:
             return
         folder = self.state / buf.job
         folder.mkdir(exist_ok=True)
-        _atomic_write(folder / f"round-{buf.round}.json", json.dumps(buf.to_json()).encode())
+        write_bytes(folder / f"round-{buf.round}.json", json.dumps(buf.to_json()).encode(), durable=True)
 
     def recover(self) -> list[str]:
         """Load every round buffer of the state directory; the jobs with something to forward."""

@@ -1,14 +1,14 @@
-"""Atomic output: every file is written beside its target and renamed into place."""
+"""Atomic output: every file is written beside its target and renamed into place (:func:`write_atomic`, the
+house's one writer, from :mod:`lightrail.atomic`), JSON strict, folders proven writable before any work."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
+from lightrail.atomic import write_atomic
 from lightrail.errors import ScenarioError
 
 __all__ = ["check_writable", "dumps_json", "finite", "write_atomic", "write_json", "write_text"]
@@ -54,24 +54,6 @@ def check_writable(folder: str | Path, *, field: str = "--out") -> Path:
             pass
     except OSError as e:
         raise ScenarioError(f"cannot write in {str(probe)!r}: {e.strerror or e}", field=field, fix=fix) from None
-    return path
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` on a temporary file in ``path``'s folder, then rename it to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix or ".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 
