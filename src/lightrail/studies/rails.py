@@ -43,6 +43,17 @@ class JobRuns:
         self._programs: dict = {}
         self._planners: dict = {}
         self._durations: dict = {}
+        self._runs: dict = {}
+
+    def run(self, fabric: RailFabric, policy: Policy) -> IterationResult:
+        """:meth:`__call__`, simulated once per (fabric, policy): the ablation's last row is the scenario's own
+        policy in its mode (with the same three counterfactuals), and each simulation is deterministic."""
+        if isinstance(policy, Plan):
+            return self(fabric, policy)
+        key = (fabric, policy)
+        if key not in self._runs:
+            self._runs[key] = self(fabric, policy)
+        return self._runs[key]
 
     def program(self, defer_dp: bool):
         """The job's program, with the gradient buckets deferred or not (built once)."""
@@ -82,9 +93,9 @@ def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: Policy | Plan,
     The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs).
     """
     quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0)
-    no_control = runs(quiet, params).iteration_time_s
-    no_delay = runs(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
-    no_drain = runs(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
+    no_control = runs.run(quiet, params).iteration_time_s
+    no_delay = runs.run(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
+    no_drain = runs.run(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
     return {"switching_delay_s": no_control - no_delay, "drain_wait_s": no_delay - no_drain,
             "control_plane_s": photonic_s - no_control, "lost_overlap_s": no_drain - electrical_s}
 
@@ -230,11 +241,11 @@ def compare_rails(built: Built, *, ablation: bool = True,
     runs = JobRuns(job)
     electrical = runs.electrical(fabric)
     step("electrical")
-    photonic = runs(fabric, params)
+    photonic = runs.run(fabric, params)
     base = electrical.iteration_time_s
     breakdown = overhead_breakdown(runs, fabric, params, photonic.iteration_time_s, base)
     step("photonic")
-    ideal = runs(replace(fabric, kind="ideal"), params)
+    ideal = runs.run(replace(fabric, kind="ideal"), params)
     step("ideal")
     rows = _ablation(runs, fabric, base, params.mode, step) if ablation else []
     lay = job.layout
@@ -284,7 +295,7 @@ _FORKED: dict = {}
 
 def _ablation_row(runs: JobRuns, fabric: RailFabric, base: float, mode: Mode, label: str, knobs: dict) -> PolicyRun:
     policy = replace(ORIGINAL, mode=mode, **knobs)
-    r = runs(fabric, policy)
+    r = runs.run(fabric, policy)
     return PolicyRun(policy=label, iteration_time_s=r.iteration_time_s, overhead=r.iteration_time_s / base - 1,
                      reconfigurations_per_iteration=r.reconfigurations_per_iteration,
                      controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
@@ -337,7 +348,7 @@ def delay_sweep(built: Built, delays: Sequence[float], *,
         for mode in modes:
             for delay in delays:
                 at, knobs = replace(fabric, reconfig_delay=delay), replace(policy, mode=mode)
-                r = runs(at, knobs)
+                r = runs.run(at, knobs)
                 rows.append(DelayRun(delay_s=delay, mode=str(mode), policy=policy_name,
                                      iteration_time_s=r.iteration_time_s, overhead=r.iteration_time_s / base - 1,
                                      reconfigurations_per_iteration=r.reconfigurations_per_iteration,
