@@ -91,7 +91,7 @@ def test_stragglar_run_out_writes_its_json(tmp_path, monkeypatch):
         def to_dict(self):
             return {"ranks": 2, "methods": {"stragglar": 0.5}}
 
-    monkeypatch.setattr("lightrail.studies.straggler_run.measure_straggler", lambda *a, **k: Measured())
+    monkeypatch.setattr("lightrail.studies.stragglar_run.measure_stragglar", lambda *a, **k: Measured())
     monkeypatch.setattr("lightrail.report.stragglar.run_mismatch", lambda result: None)
     result = runner.invoke(app, ["stragglar", "run", "-n", "2", "--json", "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output

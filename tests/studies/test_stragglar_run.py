@@ -13,8 +13,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from lightrail.cli import app  # noqa: E402
 from lightrail.errors import ScenarioError  # noqa: E402
-from lightrail.studies import straggler_run  # noqa: E402
-from lightrail.studies.straggler_run import METHODS, measure_straggler  # noqa: E402
+from lightrail.studies import stragglar_run  # noqa: E402
+from lightrail.studies.stragglar_run import METHODS, measure_stragglar  # noqa: E402
 
 runner = CliRunner()
 DELAY = 0.02
@@ -37,7 +37,7 @@ def _check(result: dict, repeats: int) -> None:
 
 def test_measure_matches_all_reduce_and_waits_for_the_straggler():
     # 1003 float32 elements: not a multiple of 4 ranks nor of StragglAR's 3 chunks
-    result = measure_straggler(4, 4 * 1003 + 3, DELAY, 1, repeats=2).to_dict()
+    result = measure_stragglar(4, 4 * 1003 + 3, DELAY, 1, repeats=2).to_dict()
     _check(result, 2)
     assert (result["ranks"], result["straggler"], result["size_bytes"]) == (4, 1, 4015)
 
@@ -56,7 +56,7 @@ def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("processes were launched for bad input")
 
-    monkeypatch.setattr(straggler_run, "run_processes", refuse)
+    monkeypatch.setattr(stragglar_run, "run_processes", refuse)
 
 
 @pytest.mark.parametrize("args, flag", [
@@ -88,7 +88,7 @@ def test_cli_bad_input_exits_2_naming_the_flag(no_launch, args, flag):
 def test_measure_rejects_bad_input_before_launching(no_launch, kwargs, field):
     args = {"n": 4, "size_bytes": 4096, "delay_s": 0.0, "straggler": 3} | kwargs
     with pytest.raises(ScenarioError) as info:
-        measure_straggler(**args)
+        measure_stragglar(**args)
     assert info.value.field == field and info.value.fix
 
 
@@ -97,7 +97,7 @@ def test_the_old_delay_spelling_still_works_with_a_note(monkeypatch):
         return [{"elapsed": {m: [delay_s] * repeats for m in METHODS},
                  "correct": dict.fromkeys(METHODS, True), "max_abs_error": dict.fromkeys(METHODS, 0.0)}] * n
 
-    monkeypatch.setattr(straggler_run, "run_processes", fake)
+    monkeypatch.setattr(stragglar_run, "run_processes", fake)
     old = runner.invoke(app, ["stragglar", "run", "--ranks", "2", "--delay", "20ms", "--repeats", "1", "--json"])
     assert old.exit_code == 0, old.output
     assert json.loads(old.stdout)["delay_s"] == pytest.approx(DELAY)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from lightrail.cli import app
 from lightrail.collectives.stragglar import lower_bound, stragglar_allreduce
 from lightrail.fabric.builders import NVLINK_BANDWIDTH, build_topology
-from lightrail.studies.stragglar import fabric_sweep, straggler_comparison, straggler_sweep
+from lightrail.studies.stragglar import fabric_sweep, stragglar_comparison, stragglar_sweep
 from lightrail.timing import Engine
 
 SIZE, BW, LAT, ALPHA = 2.0**26, 450e9, 1e-6, 3e-6
@@ -31,11 +31,11 @@ def _cells(result, topology, n):
 def test_every_cell_equals_the_one_case_comparison():
     delays = [0.0, 1e-4, 1e-3, 5e-3]
     kinds = ("switch", "ring", "torus2d", "rails")
-    result = straggler_sweep([8, 4], delays, SIZE, {k: _builder(k) for k in kinds}, alpha=ALPHA).to_dict()
+    result = stragglar_sweep([8, 4], delays, SIZE, {k: _builder(k) for k in kinds}, alpha=ALPHA).to_dict()
     assert result["ranks"] == [4, 8] and result["delays_s"] == delays and result["topologies"] == list(kinds)
     assert len(result["cells"]) == len(kinds) * 2 * len(delays) and result["skipped"] == []
     for c in result["cells"]:
-        one = straggler_comparison(c["ranks"], SIZE, c["delay_s"], _builder(c["topology"])(c["ranks"]),
+        one = stragglar_comparison(c["ranks"], SIZE, c["delay_s"], _builder(c["topology"])(c["ranks"]),
                                    alpha=ALPHA).to_dict()
         assert c["stragglar_s"] == pytest.approx(one["stragglar_s"], rel=1e-12)
         assert c["ring_s"] == pytest.approx(one["times_s"]["ring"], rel=1e-12)
@@ -57,7 +57,7 @@ def test_on_a_switch_time_is_affine_in_the_delay_and_phase_1_hides_behind_it():
     assert 0 < phase1 < 1e-3
 
     delays = sorted(set(np.linspace(0, 4 * phase1, 39).tolist()) | {phase1, 1e-3, 5e-3, 20e-3})
-    result = straggler_sweep([n], delays, SIZE, {"switch": lambda m: topology}, alpha=ALPHA).to_dict()
+    result = stragglar_sweep([n], delays, SIZE, {"switch": lambda m: topology}, alpha=ALPHA).to_dict()
     cells = _cells(result, "switch", n)
     d = np.array([c["delay_s"] for c in cells])
     ours, ring = np.array([c["stragglar_s"] for c in cells]), np.array([c["ring_s"] for c in cells])
@@ -84,7 +84,7 @@ def test_after_arrival_speedup_on_a_switch_is_the_closed_form(n):
     assert lower_bound(n) == n + n.bit_length() - 3
     ring = 2 * (n - 1) * (ALPHA + 2 * LAT) + 2 * (n - 1) / n * SIZE / BW  # waits for the straggler, then all of it
     delays = [0.0, phase1 / 2, phase1, 2 * phase1, 5e-3]
-    result = straggler_sweep([n], delays, SIZE, {"switch": _builder("switch")}, alpha=ALPHA).to_dict()
+    result = stragglar_sweep([n], delays, SIZE, {"switch": _builder("switch")}, alpha=ALPHA).to_dict()
     for c in _cells(result, "switch", n):
         d = c["delay_s"]
         ours = max(d, phase1) + phase2
@@ -102,7 +102,7 @@ def test_after_arrival_speedup_on_a_switch_is_the_closed_form(n):
 
 
 def test_fabrics_that_cannot_take_n_are_skipped_with_the_reason():
-    result = straggler_sweep([8, 12], [0.0, 1e-3], SIZE, {"switch": _builder("switch"), "rails": _builder("rails")},
+    result = stragglar_sweep([8, 12], [0.0, 1e-3], SIZE, {"switch": _builder("switch"), "rails": _builder("rails")},
                              alpha=ALPHA).to_dict()
     assert [(s["topology"], s["ranks"]) for s in result["skipped"]] == [("rails", 12)]
     assert "servers of 8" in result["skipped"][0]["reason"]
@@ -126,7 +126,7 @@ def test_the_cli_writes_the_json_and_both_plots(tmp_path):
     assert [(s["topology"], s["ranks"]) for s in written["skipped"]] == [("rails", 12)]
     assert len(written["cells"]) == (2 * 3 - 1) * 3
     cell = next(c for c in written["cells"] if (c["topology"], c["ranks"], c["delay_s"]) == ("switch", 8, 1e-3))
-    one = straggler_comparison(8, SIZE, 1e-3, build_topology("switch", 8, bandwidth=BW, latency=LAT),
+    one = stragglar_comparison(8, SIZE, 1e-3, build_topology("switch", 8, bandwidth=BW, latency=LAT),
                                alpha=ALPHA).to_dict()
     assert cell["speedup_over_ring"] == pytest.approx(one["speedup_over_ring"], rel=1e-12)
     assert cell["speedup_over_ring_after_arrival"] == pytest.approx(one["speedup_over_ring_after_arrival"],
@@ -195,3 +195,15 @@ def test_fabric_sweep_picks_the_slices_and_its_rows_are_the_table():
     picked = fabric_sweep([4, 16], [0.0, 1e-3], SIZE, ["switch"], bandwidth=BW, latency=LAT,
                           at_delay=1e-3 * (1 + 1e-12))
     assert (picked.settings.at_delay_s, picked.settings.at_ranks) == (1e-3, 4)
+
+
+def test_the_old_names_of_stragglars_study_still_import():
+    """Issue 32 spelled the study StragglAR's way; the names code may already use stay, as the same objects."""
+    from lightrail.studies import stragglar, stragglar_run, straggler_run
+
+    assert (stragglar.StragglerSweep, stragglar.StragglerComparison, stragglar.StragglerTimes) == (
+        stragglar.StragglarSweep, stragglar.StragglarComparison, stragglar.StragglarTimes)
+    assert (stragglar.straggler_sweep, stragglar.straggler_comparison, stragglar.straggler_times) == (
+        stragglar_sweep, stragglar_comparison, stragglar.stragglar_times)
+    assert (straggler_run.StragglerRun, straggler_run.measure_straggler, straggler_run.METHODS) == (
+        stragglar_run.StragglarRun, stragglar_run.measure_stragglar, stragglar_run.METHODS)

@@ -94,7 +94,7 @@ def stragglar_compare_cmd(
     """Time to finish with a straggler (rank n-1): StragglAR against Ring, halving-doubling, tree and
     "wait, then run the best algorithm" (in the model)."""
     from lightrail.report.stragglar import print_comparison
-    from lightrail.studies.stragglar import straggler_comparison
+    from lightrail.studies.stragglar import stragglar_comparison
 
     late = renamed(straggler_delay, delay, old="--delay", new="--straggler-delay")
     check_ranks(ranks)
@@ -102,7 +102,7 @@ def stragglar_compare_cmd(
     check_stragglar_work([ranks])
     fabric = build_fabric(topology, ranks, bandwidth, latency, None, GPUS_PER_SERVER, NVLINK_DEFAULT, HOSTS_PER_LEAF,
                           1.0)
-    result = straggler_comparison(ranks, parse_size(size, field="--size"),
+    result = stragglar_comparison(ranks, parse_size(size, field="--size"),
                                   _study_delay(parse_time(late, field="--straggler-delay"), "--straggler-delay"),
                                   fabric, alpha=parse_time(alpha, field="--alpha"))
     save_result(out_dir, "stragglar-compare.json", result.to_dict(), quiet=as_json)
@@ -140,11 +140,11 @@ def stragglar_run_cmd(
         raise ScenarioError(f"{late} late on each of {repeats + 1} trials is over {MAX_RUN_SECONDS // 60} minutes "
                             "of waiting", field="--straggler-delay", fix="use a delay of seconds at most")
     from lightrail.report.stragglar import print_run, run_mismatch  # torch, after the checks
-    from lightrail.studies.straggler_run import measure_straggler
+    from lightrail.studies.stragglar_run import measure_stragglar
 
     busy = err.status(f"running {ranks} gloo processes") if err.is_terminal and not as_json else nullcontext()
     with busy:
-        result = measure_straggler(ranks, nbytes, delay_s, straggler, repeats=repeats)
+        result = measure_stragglar(ranks, nbytes, delay_s, straggler, repeats=repeats)
     save_result(out_dir, "stragglar-run.json", result.to_dict(), quiet=as_json)
     if as_json:
         print_json(result.to_dict())

@@ -1,7 +1,8 @@
 """StragglAR against the algorithms that wait for a late rank, in the model: phase-2 rounds against the
 bound, one case, or a sweep over rank counts x delays x fabrics (the time to finish is affine in the
 delay, so each (fabric, n) is generated, verified and timed once). Results are typed; ``to_dict()``
-is the JSON that ``lightrail stragglar ... --json`` prints."""
+is the JSON that ``lightrail stragglar ... --json`` prints. Measured for real on gloo processes:
+:mod:`lightrail.studies.stragglar_run`."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from lightrail.fabric.topology import Topology
 from lightrail.timing import Engine
 from lightrail.units import format_time
 
-__all__ = ["RoundsRow", "StragglarRounds", "stragglar_rounds", "StragglerTimes", "AlgorithmTime",
-           "StragglerComparison", "straggler_times", "straggler_comparison", "SweepCell", "SweepProfile",
-           "SkippedCase", "SweepSettings", "StragglerSweep", "straggler_sweep", "fabric_sweep", "default_at_delay",
+__all__ = ["RoundsRow", "StragglarRounds", "stragglar_rounds", "StragglarTimes", "AlgorithmTime",
+           "StragglarComparison", "stragglar_times", "stragglar_comparison", "SweepCell", "SweepProfile",
+           "SkippedCase", "SweepSettings", "StragglarSweep", "stragglar_sweep", "fabric_sweep", "default_at_delay",
            "default_at_ranks"]
 
 _STRAGGLER_BASELINES = ("ring", "halving-doubling", "double-binary-tree", "recursive-doubling")
@@ -75,8 +76,8 @@ class AlgorithmTime:
 
 
 @dataclass(frozen=True)
-class StragglerComparison:
-    """Every algorithm's time to finish with the straggler ``delay_s`` late (see :class:`StragglerTimes`)."""
+class StragglarComparison:
+    """Every algorithm's time to finish with the straggler ``delay_s`` late (see :class:`StragglarTimes`)."""
 
     ranks: int
     size_bytes: float
@@ -104,7 +105,7 @@ class StragglerComparison:
 
 
 @dataclass(frozen=True)
-class StragglerTimes:
+class StragglarTimes:
     """StragglAR's phase times and every waiting algorithm's own time for one (n, size, fabric).
 
     Time to finish is affine in the straggler's delay D: StragglAR takes ``max(D, phase 1) + phase 2``
@@ -124,15 +125,15 @@ class StragglerTimes:
     phase2_s: float
     waiting_s: dict[str, float]  # per algorithm that supports n, its time without the delay
 
-    def at(self, delay: float) -> StragglerComparison:
-        """The comparison at straggler delay ``delay`` (what :func:`straggler_comparison` returns)."""
+    def at(self, delay: float) -> StragglarComparison:
+        """The comparison at straggler delay ``delay`` (what :func:`stragglar_comparison` returns)."""
         rows = {"stragglar": max(delay, self.phase1_s) + self.phase2_s}
         for name, t in self.waiting_s.items():
             rows[name] = delay + t
         waiting = {k: v for k, v in rows.items() if k != "stragglar"}
         best = min(waiting, key=waiting.get)
         after = rows["stragglar"] - delay  # StragglAR's time from the straggler's arrival
-        return StragglerComparison(
+        return StragglarComparison(
             ranks=self.ranks, size_bytes=self.size_bytes, delay_s=float(delay), topology=self.topology,
             stragglar_s=rows["stragglar"], stragglar_phase1_s=self.phase1_s, stragglar_phase2_s=self.phase2_s,
             stragglar_after_arrival_s=after, times_s=rows, wait_then_best=best, wait_then_best_s=waiting[best],
@@ -142,8 +143,8 @@ class StragglerTimes:
             speedup_over_best_after_arrival=self.waiting_s[best] / after)
 
 
-def straggler_times(n: int, size: float, topology: Topology, *, alpha: float = 0.0,
-                    algorithms_to_compare: Sequence[str] = _STRAGGLER_BASELINES) -> StragglerTimes:
+def stragglar_times(n: int, size: float, topology: Topology, *, alpha: float = 0.0,
+                    algorithms_to_compare: Sequence[str] = _STRAGGLER_BASELINES) -> StragglarTimes:
     """Generate, verify and time StragglAR (per phase) and the waiting algorithms once, for any delay."""
     from lightrail.collectives.stragglar import stragglar_allreduce
 
@@ -161,19 +162,19 @@ def straggler_times(n: int, size: float, topology: Topology, *, alpha: float = 0
             waiting[name] = engine.time(algo(n), size).time_s
     if not waiting:
         raise UnsupportedError(f"none of {', '.join(algorithms_to_compare)} supports {n} ranks", field="ranks")
-    return StragglerTimes(n, float(size), topology.name, phase1, phase2, waiting)
+    return StragglarTimes(n, float(size), topology.name, phase1, phase2, waiting)
 
 
-def straggler_comparison(n: int, size: float, delay: float, topology: Topology, *, alpha: float = 0.0,
-                         algorithms_to_compare: Sequence[str] = _STRAGGLER_BASELINES) -> StragglerComparison:
+def stragglar_comparison(n: int, size: float, delay: float, topology: Topology, *, alpha: float = 0.0,
+                         algorithms_to_compare: Sequence[str] = _STRAGGLER_BASELINES) -> StragglarComparison:
     """Time to finish an AllReduce when rank n-1 arrives ``delay`` late.
 
     StragglAR runs its phase 1 among the early ranks during the delay (finishing at
     ``max(delay, phase 1)``) and its phase 2 after; every other algorithm must wait for the straggler
     (``delay + its time``). "wait then best" is the fastest of those. Speedups are given from the
-    early ranks' start and from the straggler's arrival (:class:`StragglerTimes`).
+    early ranks' start and from the straggler's arrival (:class:`StragglarTimes`).
     """
-    return straggler_times(n, size, topology, alpha=alpha, algorithms_to_compare=algorithms_to_compare).at(delay)
+    return stragglar_times(n, size, topology, alpha=alpha, algorithms_to_compare=algorithms_to_compare).at(delay)
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def default_at_ranks(ranks: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
-class StragglerSweep:
+class StragglarSweep:
     """StragglAR against Ring and "wait, then the best algorithm" over rank counts x delays x fabrics."""
 
     size_bytes: float
@@ -273,14 +274,14 @@ class StragglerSweep:
         return out
 
 
-def straggler_sweep(ranks: Sequence[int], delays: Sequence[float], size: float,
+def stragglar_sweep(ranks: Sequence[int], delays: Sequence[float], size: float,
                     topologies: Mapping[str, Callable[[int], Topology]], *, alpha: float = 0.0,
                     algorithms_to_compare: Sequence[str] = _STRAGGLER_BASELINES,
-                    progress: Callable[[str], None] | None = None) -> StragglerSweep:
+                    progress: Callable[[str], None] | None = None) -> StragglarSweep:
     """StragglAR against Ring and "wait, then the best algorithm" over rank counts x delays x fabrics.
 
     ``topologies`` maps a name to a builder ``n -> Topology``. Each (topology, n) is generated,
-    verified and timed once (:func:`straggler_times`); every delay is then arithmetic. A builder or
+    verified and timed once (:func:`stragglar_times`); every delay is then arithmetic. A builder or
     algorithm that cannot handle n (an ``InfeasibleError`` or ``UnsupportedError``, e.g. rails with n
     not filling whole servers) skips that (topology, n), recorded with the reason under ``skipped``.
     ``progress(label)`` is called after each (topology, n).
@@ -291,7 +292,7 @@ def straggler_sweep(ranks: Sequence[int], delays: Sequence[float], size: float,
     for name, build in topologies.items():
         for n in ranks:
             try:
-                times = straggler_times(n, size, build(n), alpha=alpha, algorithms_to_compare=algorithms_to_compare)
+                times = stragglar_times(n, size, build(n), alpha=alpha, algorithms_to_compare=algorithms_to_compare)
             except (InfeasibleError, UnsupportedError) as e:
                 skipped.append(SkippedCase(name, n, str(e)))
             else:
@@ -305,7 +306,7 @@ def straggler_sweep(ranks: Sequence[int], delays: Sequence[float], size: float,
                                            c.speedup_over_best_after_arrival))
             if progress:
                 progress(f"{name} n={n}")
-    return StragglerSweep(float(size), float(alpha), tuple(delays), tuple(ranks), tuple(topologies),
+    return StragglarSweep(float(size), float(alpha), tuple(delays), tuple(ranks), tuple(topologies),
                           tuple(algorithms_to_compare), tuple(cells), tuple(profiles), tuple(skipped))
 
 
@@ -313,8 +314,8 @@ def fabric_sweep(ranks: Sequence[int], delays: Sequence[float], size: float, top
                  bandwidth: float, latency: float, alpha: float = 0.0, gpus_per_server: int = GPUS_PER_SERVER,
                  hosts_per_leaf: int = HOSTS_PER_LEAF, nvlink_bandwidth: float = NVLINK_BANDWIDTH,
                  at_delay: float | None = None, at_ranks: int | None = None,
-                 progress: Callable[[str], None] | None = None) -> StragglerSweep:
-    """:func:`straggler_sweep` on fabrics named in :data:`~lightrail.fabric.builders.TOPOLOGIES`, built
+                 progress: Callable[[str], None] | None = None) -> StragglarSweep:
+    """:func:`stragglar_sweep` on fabrics named in :data:`~lightrail.fabric.builders.TOPOLOGIES`, built
     with these knobs; ``at_delay`` (one of ``delays``) and ``at_ranks`` (one of ``ranks``) pick the
     slices of the table and plots (defaults: :func:`default_at_delay`, :func:`default_at_ranks`).
 
@@ -351,7 +352,7 @@ def fabric_sweep(ranks: Sequence[int], delays: Sequence[float], size: float, top
         return lambda n: build_topology(name, n, bandwidth=bandwidth, latency=latency, gpus_per_server=gpus_per_server,
                                         nvlink_bandwidth=nvlink_bandwidth, hosts_per_leaf=hosts_per_leaf)
 
-    result = straggler_sweep(ranks, delays, size, {t: builder(t) for t in names}, alpha=alpha, progress=progress)
+    result = stragglar_sweep(ranks, delays, size, {t: builder(t) for t in names}, alpha=alpha, progress=progress)
     if not result.cells:
         raise ScenarioError("no fabric supports any of these rank counts", field="--ranks",
                             fix="; ".join(f"{s.topology} n={s.ranks}: {s.reason}" for s in result.skipped))
@@ -362,3 +363,12 @@ def fabric_sweep(ranks: Sequence[int], delays: Sequence[float], size: float, top
                              nvlink_bandwidth_Bps=nvlink_bandwidth, hosts_per_leaf=hosts_per_leaf,
                              at_delay_s=chosen_delay, at_ranks=chosen_ranks)
     return replace(result, settings=settings)
+
+
+# The names before issue 32 gave StragglAR's study one spelling, kept for code that imports them.
+StragglerTimes = StragglarTimes
+StragglerComparison = StragglarComparison
+StragglerSweep = StragglarSweep
+straggler_times = stragglar_times
+straggler_comparison = stragglar_comparison
+straggler_sweep = stragglar_sweep

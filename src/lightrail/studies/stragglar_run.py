@@ -20,7 +20,7 @@ from lightrail.collectives.stragglar import stragglar_allreduce
 from lightrail.errors import ScenarioError
 from lightrail.runtime.launch import run_processes
 
-__all__ = ["METHODS", "MethodTime", "StragglerRun", "measure_straggler"]
+__all__ = ["METHODS", "MethodTime", "StragglarRun", "measure_stragglar"]
 
 METHODS = ("stragglar", "ring", "native")
 _RTOL, _ATOL = 1e-4, 1e-3
@@ -92,7 +92,7 @@ class MethodTime:
 
 
 @dataclass(frozen=True)
-class StragglerRun:
+class StragglarRun:
     """A measured run: medians over ``repeats`` trials of the slowest rank's time, per method (``METHODS``)."""
 
     ranks: int
@@ -129,8 +129,8 @@ class StragglerRun:
         return asdict(self)
 
 
-def measure_straggler(n: int, size_bytes: int, delay_s: float, straggler: int | None = None, *, repeats: int = 5,
-                      warmup: int = 1) -> StragglerRun:
+def measure_stragglar(n: int, size_bytes: int, delay_s: float, straggler: int | None = None, *, repeats: int = 5,
+                      warmup: int = 1) -> StragglarRun:
     """Time StragglAR, lightrail's ring and gloo's native AllReduce of ``size_bytes`` per rank on ``n``
     CPU gloo processes with rank ``straggler`` (default: the last) ``delay_s`` late."""
     straggler = n - 1 if straggler is None else straggler
@@ -143,7 +143,7 @@ def measure_straggler(n: int, size_bytes: int, delay_s: float, straggler: int | 
     per_rank = run_processes(_rank_main, n, elements, delay_s, straggler, repeats, warmup, schedules, threads)
     trials = {m: [max(r["elapsed"][m][t] for r in per_rank) for t in range(repeats)] for m in METHODS}
     median = {m: statistics.median(trials[m]) for m in METHODS}
-    return StragglerRun(
+    return StragglarRun(
         ranks=n,
         size_bytes=size_bytes,
         elements=elements,
@@ -164,3 +164,8 @@ def measure_straggler(n: int, size_bytes: int, delay_s: float, straggler: int | 
         torch_threads_per_rank=threads,
         backend="gloo",
     )
+
+
+# The names before issue 32 gave StragglAR's study one spelling, kept for code that imports them.
+StragglerRun = StragglarRun
+measure_straggler = measure_stragglar
