@@ -108,6 +108,22 @@ class _Flow:
     version: int = 0
 
 
+def _flow_parts(cost: OpCost, fair: bool) -> tuple:
+    """(links, use per link, seconds of bytes, seconds of latency, links as a list) of a flow of ``cost``: worked
+    out once per OpCost (kept in its ``__dict__``, not a field; the simulator starts the same costs op after op).
+    The arrays are shared by the flows of one cost and never written: a flow's release replaces its links."""
+    cache = cost.__dict__.setdefault("_flow_parts", {})
+    if fair not in cache:
+        seconds = max(float(cost.seconds), 0.0)
+        wire = cost.wire_s if fair else 0.0
+        busy = np.asarray(cost.busy_s, float)
+        keep = busy > 0 if wire > 0 else np.zeros(len(busy), bool)
+        links = np.asarray(cost.links, np.int64)[keep]
+        cache[fair] = (links, np.minimum(busy[keep] / wire, 1.0) if wire > 0 else busy[keep],
+                       wire if keep.any() else seconds, seconds - wire if keep.any() else 0.0, links.tolist())
+    return cache[fair]
+
+
 class FairShare:
     """The ops in flight and their rates; when each will finish if nothing else starts or ends.
 
@@ -136,19 +152,14 @@ class FairShare:
         """Op ``key`` starts at ``now``; the rates of the ops it shares links with change."""
         if key in self._flows:
             raise KeyError(f"op {key!r} is already in flight")
-        seconds = max(float(cost.seconds), 0.0)
-        wire = cost.wire_s if self.fair else 0.0
-        busy = np.asarray(cost.busy_s, float)
-        keep = busy > 0 if wire > 0 else np.zeros(len(busy), bool)
-        flow = _Flow(np.asarray(cost.links, np.int64)[keep], np.minimum(busy[keep] / wire, 1.0) if wire > 0 else
-                     busy[keep], wire if keep.any() else seconds, seconds - wire if keep.any() else 0.0, now,
-                     self._counter)
+        links, use, remaining, tail, link_list = _flow_parts(cost, self.fair)
+        flow = _Flow(links, use, remaining, tail, now, self._counter)
         self._flows[key] = flow
         if not len(flow.links):
             self._schedule(key, flow)
             return
         alone = True
-        for link in flow.links.tolist():
+        for link in link_list:
             users = self._by_link.setdefault(link, set())
             alone = alone and not users
             users.add(key)

@@ -69,6 +69,11 @@ def ring_permutation(n: int, step: int = 1) -> np.ndarray:
     return (np.arange(n) + step) % n
 
 
+_REMEMBERED = 4096
+"""Configurations, pairs of them and device arrays a :class:`CircuitState` remembers answers for (a plan has a
+few dozen); past it, it forgets them all."""
+
+
 class CircuitState:
     """Circuits of ``devices`` switches of ``ports`` ports each, as arrays (no I/O, no clock of its own).
 
@@ -77,6 +82,10 @@ class CircuitState:
     ``tx_busy`` / ``rx_busy``: the time its last traffic ends. A change switches only the ports it
     names and the old peers it darkens (partial reconfiguration); :meth:`rewrite` replaces a whole
     device's configuration (the whole switch goes dark, as Opus does).
+
+    Traffic is recorded lazily: :meth:`occupy` keeps, per set of circuits, the latest end it was given, and
+    ``tx_busy`` / ``rx_busy`` apply them when read (a maximum is the same in any order and grouping); the
+    latest end on each device is kept at once (:meth:`device_busy`), which is all a whole-switch rewrite reads.
     """
 
     def __init__(self, devices: int, ports: int, delay: float = 0.0):
@@ -85,7 +94,38 @@ class CircuitState:
         self.tx_target = np.full(shape, -1, np.int64)
         self.rx_source = np.full(shape, -1, np.int64)
         self.tx_dark, self.rx_dark = np.zeros(shape), np.zeros(shape)
-        self.tx_busy, self.rx_busy = np.zeros(shape), np.zeros(shape)
+        self._tx_busy, self._rx_busy = np.zeros(shape), np.zeros(shape)
+        self._busy_device = np.zeros(devices)  # per device, the latest end of traffic on any of its ports
+        self._pending: dict[tuple[int, int, int], list] = {}  # circuits' array ids -> [dev, tx, rx, until]
+        self._devices: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(dev) -> (dev, its devices, each once)
+        self._row: list[np.ndarray | None] = [None] * devices  # the perm a device holds since its rewrite
+        self._inverse: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(perm) -> (perm, rx_source row)
+        self._same: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bool, int]] = {}
+
+    @property
+    def tx_busy(self) -> np.ndarray:
+        """When each transmitter's last traffic ends."""
+        self._flush()
+        return self._tx_busy
+
+    @property
+    def rx_busy(self) -> np.ndarray:
+        """When each receiver's last traffic ends."""
+        self._flush()
+        return self._rx_busy
+
+    def device_busy(self, dev: int) -> float:
+        """When the last traffic on any port of device ``dev`` ends (0 before any): ``max(tx_busy[dev].max(),
+        rx_busy[dev].max(), 0)`` without applying the pending traffic."""
+        return float(self._busy_device[dev])
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        for dev, tx, rx, until in self._pending.values():
+            self._tx_busy[dev, tx] = np.maximum(self._tx_busy[dev, tx], until)
+            self._rx_busy[dev, rx] = np.maximum(self._rx_busy[dev, rx], until)
+        self._pending.clear()
 
     def present(self, dev, tx, rx) -> np.ndarray:
         """Per circuit, whether it is configured (lit or lighting)."""
@@ -121,6 +161,8 @@ class CircuitState:
         self.tx_dark[tx_dev, tx_port] = start[tx_dev] + self.delay
         self.rx_dark[rx_dev, rx_port] = start[rx_dev] + self.delay
         old_rx, old_tx = self.tx_target[dev, tx], self.rx_source[dev, rx]
+        for d in np.unique(dev).tolist():
+            self._row[d] = None
         self.tx_target[dev[old_tx >= 0], old_tx[old_tx >= 0]] = -1
         self.rx_source[dev[old_rx >= 0], old_rx[old_rx >= 0]] = -1
         self.tx_target[dev, tx] = rx
@@ -131,13 +173,37 @@ class CircuitState:
         """Replace device ``dev``'s whole configuration by ``perm``; every port goes dark for the delay.
         Returns (lit at, number of transmitters whose circuit changed)."""
         perm = np.asarray(perm, np.int64)
-        changed = int(np.sum(perm != self.tx_target[dev]))
+        held = self._row[dev]
+        changed = self._compare(held, perm)[1] if held is not None else int(np.sum(perm != self.tx_target[dev]))
+        if id(perm) not in self._inverse:  # a plan's configurations repeat: each inverted once
+            if len(self._inverse) > _REMEMBERED:
+                self._inverse.clear()
+            source = np.full(len(perm), -1, np.int64)
+            lit = np.flatnonzero(perm >= 0)
+            source[perm[lit]] = lit
+            self._inverse[id(perm)] = (perm, source)
         self.tx_target[dev] = perm
-        self.rx_source[dev] = -1
-        lit = np.flatnonzero(perm >= 0)
-        self.rx_source[dev, perm[lit]] = lit
+        self.rx_source[dev] = self._inverse[id(perm)][1]
         self.tx_dark[dev] = self.rx_dark[dev] = start + self.delay
+        self._row[dev] = perm
         return start + self.delay, changed
+
+    def holds(self, dev: int, perm: np.ndarray) -> bool:
+        """Whether device ``dev``'s configuration is ``perm`` (``np.array_equal``; remembered per pair of
+        configurations while the device holds what :meth:`rewrite` wrote)."""
+        held = self._row[dev]
+        if held is None:
+            return bool(np.array_equal(perm, self.tx_target[dev]))
+        return held is perm or self._compare(held, perm)[0]
+
+    def _compare(self, old: np.ndarray, new: np.ndarray) -> tuple[bool, int]:
+        """(equal, transmitters whose target differs) between two configurations, computed once per pair."""
+        key = (id(old), id(new))
+        if key not in self._same:  # the arrays are kept with the answer: their ids stay theirs
+            if len(self._same) > _REMEMBERED:
+                self._same.clear()
+            self._same[key] = (old, new, bool(np.array_equal(new, old)), int(np.sum(new != old)))
+        return self._same[key][2:]
 
     def configure(self, dev: int, perm: np.ndarray, start: float) -> tuple[float, np.ndarray, np.ndarray]:
         """Move device ``dev`` to configuration ``perm``, darkening only the inputs and outputs whose
@@ -151,13 +217,33 @@ class CircuitState:
         outs = np.flatnonzero(source != self.rx_source[dev])
         if not len(ins) and not len(outs):
             return start, ins, outs
+        self._row[dev] = None
         self.tx_target[dev], self.rx_source[dev] = perm, source
         self.tx_dark[dev, ins] = start + self.delay
         self.rx_dark[dev, outs] = start + self.delay
         return start + self.delay, ins, outs
 
     def occupy(self, dev, tx, rx, until: float) -> None:
-        """Traffic on circuits ``tx -> rx`` until ``until``."""
-        # one value for all: a repeated port gets the same max, so plain indexing is exact (and no ufunc.at)
-        self.tx_busy[dev, tx] = np.maximum(self.tx_busy[dev, tx], until)
-        self.rx_busy[dev, rx] = np.maximum(self.rx_busy[dev, rx], until)
+        """Traffic on circuits ``tx -> rx`` until ``until``. Applied to ``tx_busy`` / ``rx_busy`` when they are
+        next read (arrays, kept unchanged by the caller, that name the same circuits each time are applied once
+        with their latest end); one value for all ports, so a repeated port gets the same maximum."""
+        if not all(isinstance(a, np.ndarray) for a in (dev, tx, rx)):  # scalars, lists: applied now
+            self._tx_busy[dev, tx] = np.maximum(self._tx_busy[dev, tx], until)
+            self._rx_busy[dev, rx] = np.maximum(self._rx_busy[dev, rx], until)
+            self._busy_device[dev] = np.maximum(self._busy_device[dev], until)
+            return
+        if not dev.size:
+            return
+        if len(self._devices) > _REMEMBERED:  # callers with fresh arrays each time: forget, stay bounded
+            self._flush()
+            self._devices.clear()
+        key = (id(dev), id(tx), id(rx))
+        pending = self._pending.get(key)
+        if pending is None:
+            self._pending[key] = [dev, tx, rx, until]  # holding the arrays keeps their ids theirs
+        elif until > pending[3]:
+            pending[3] = until
+        devices = self._devices.get(id(dev))
+        if devices is None:
+            devices = self._devices[id(dev)] = (dev, np.unique(np.asarray(dev, np.int64)))
+        self._busy_device[devices[1]] = np.maximum(self._busy_device[devices[1]], until)

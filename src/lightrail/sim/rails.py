@@ -28,6 +28,7 @@ class Rails:
         self.leased: dict[int, str] = {}  # stage -> configuration name it holds a lease on
         self.acks = [0] * layout.pp  # per stage, leases that ended (each holder acks its revoke: a request)
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
+        self._split: dict = {}  # ids of a requirement's circuit arrays -> (the arrays, its circuits per rail)
 
     # -- leases ----------------------------------------------------------------------------------------
     def has_lease(self, stage: int, req: Requirement) -> bool:
@@ -80,7 +81,7 @@ class Rails:
         if not self.fabric.drain:
             return 0.0
         state, half, revoke = self.state, self.fabric.rtt / 2, self.fabric.revoke
-        busy = max(0.0, float(state.tx_busy[r].max()), float(state.rx_busy[r].max()))
+        busy = state.device_busy(r)  # max(0, tx_busy[r].max(), rx_busy[r].max()), without applying the traffic
         if self.policy.mode is Mode.PROVISIONED:
             return busy + half
         held = bool(self.leased) and bool((self.tx_lease[r] >= 0).any() or (self.rx_lease[r] >= 0).any())
@@ -113,14 +114,12 @@ class Rails:
 
     def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
-        rail, tx, rx = req.circuits
-        for r in np.unique(rail):
-            sel = rail == r
-            present = bool(np.all(self.state.present(r, tx[sel], rx[sel])))
+        for r, tx, rx in self._by_rail(req):
+            present = bool(np.all(self.state.present(r, tx, rx)))
             if self.holds[r] == req.phase and present or present and self.policy.skip_present:
                 continue
             new = self.plan.configurations[req.phase][r]
-            if np.array_equal(new, self.state.tx_target[r]):  # nothing to switch on this rail
+            if self.state.holds(r, new):  # nothing to switch on this rail
                 self.holds[r] = req.phase
                 continue
             start = max(decision, self._free_rail(r, decision))  # drain the whole rail
@@ -128,6 +127,15 @@ class Rails:
             self._revoke_rail(r)
             self.holds[r] = req.phase
             self.reconfigs.append((int(r), start, end, changed, req.phase))
+
+    def _by_rail(self, req: Requirement) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``req``'s circuits rail by rail (rails in order): split once per requirement (the planner's are
+        reused op after op)."""
+        rail, tx, rx = req.circuits
+        key = (id(rail), id(tx), id(rx))
+        if key not in self._split:
+            self._split[key] = ((rail, tx, rx), [(r, tx[rail == r], rx[rail == r]) for r in np.unique(rail).tolist()])
+        return self._split[key][1]
 
     def _ports(self, req: Requirement, decision: float) -> None:
         """Partial reconfiguration: only ports whose circuits change go dark, each rail on its own."""
