@@ -83,6 +83,11 @@ class RailFabric:
     """From the controller's revoke of a lease to the lease's end (its holders' acks), in seconds (photonic only)."""
     command_latency: float = COMMAND_LATENCY
     """From the controller's decision to the start of the switch, in seconds (photonic only)."""
+    switch_grant_latency: float = 0.0
+    """From the end of a switch to the controller's grant of the group that waited for it (its timer's wake-up and
+    the grant), in seconds (photonic only; a rank asking after the switch ended is granted at once). The default
+    0: :data:`COMMAND_LATENCY` was measured as a switch's whole overhead, this part included. ``train-demo``
+    reads it from its controller (``lightrail_switch_lag_seconds{kind="after"}``)."""
     routing: Literal["pxn", "ecmp"] = "pxn"
     """Electrical rails: NCCL's PXN (one rail per flow, as on photonic rails) or ECMP over two rails."""
     drain: bool = True
@@ -90,6 +95,12 @@ class RailFabric:
     sharing: Literal["fair", "none"] = "fair"
     """Ops in flight at once share the links they both cross at max-min fair rates (``fair``, as flow-level
     simulators do: :mod:`lightrail.sharing`), or each runs as if alone (``none``)."""
+    host_cores: int | None = None
+    """An emulation on one host (``train-demo``): every rank is a process computing on these CPU cores, so the
+    compute ops of stages computing at the same time share them (processor sharing: ``n`` busy ranks on ``c``
+    cores each compute at ``min(1, c / n)`` of a core, :mod:`lightrail.sharing`'s max-min rates on one CPU
+    link), and a stage computes faster while another waits. None: every rank has its own accelerator (a real
+    cluster), compute ops take their time whatever the others do."""
     collectives: Literal["nccl", "schedules"] = "nccl"
     """How a collective whose algorithm is ``auto`` is timed on rails: as NCCL runs it (``nccl``: the algorithm and
     protocol NCCL's tuner picks per size, with its latencies and protocol efficiencies, :mod:`lightrail.nccl_cost`)
@@ -102,10 +113,14 @@ class RailFabric:
             raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
                                 fix="use electrical, photonic or ideal") from None
         # named as the scenario file names them (its ocs section)
-        for name in ("reconfig_delay", "check_in_rtt", "command_latency", "revoke_rtt"):
+        for name in ("reconfig_delay", "check_in_rtt", "command_latency", "revoke_rtt", "switch_grant_latency"):
             if getattr(self, name) < 0:
                 raise ScenarioError(f"{name}={getattr(self, name)}", field=f"ocs.{name}",
                                     fix="use 0 or more seconds")
+        if self.host_cores is not None and (isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int)
+                                            or self.host_cores < 1):
+            raise ScenarioError(f"host_cores={self.host_cores!r}", field="host_cores",
+                                fix="use a positive number of CPU cores, or None for one accelerator per rank")
         if self.routing not in ("pxn", "ecmp"):
             raise ScenarioError(f"unknown routing {self.routing!r}", field="cluster.routing", fix="use pxn or ecmp")
         if self.sharing not in ("fair", "none"):
@@ -131,6 +146,10 @@ class RailFabric:
     @property
     def command(self) -> float:
         return self.command_latency if self.kind is FabricKind.PHOTONIC else 0.0
+
+    @property
+    def switch_grant(self) -> float:
+        return self.switch_grant_latency if self.kind is FabricKind.PHOTONIC else 0.0
 
     @property
     def circuits(self) -> bool:

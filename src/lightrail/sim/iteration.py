@@ -32,7 +32,12 @@ order), which is what lets the circuit state be decided causally:
 Control-plane timing (``fabric.params.RailFabric.check_in_rtt``, ``command_latency``): a check-in is a round trip;
 a request or release reaches the controller after half of it; the controller decides (on demand:
 when the first op of a phase checks in; provisioned: when the previous phase's last op released,
-not earlier) and the switch starts ``command_latency`` later.
+not earlier) and the switch starts ``command_latency`` later; a rank that asked before the switch ended is
+granted ``switch_grant_latency`` after its end (the controller's own lag there; 0 by default).
+
+An emulation (``fabric.host_cores``: every rank a process on that many CPU cores, as ``train-demo`` runs) times
+compute under processor sharing: a compute op is a flow on the host's cores, so a stage computes faster while
+another waits (a bubble, a switch).
 
 The reported iteration is the second of two run back to back, so the rails start in the state the
 previous iteration left them in (steady state), not empty.
@@ -50,13 +55,17 @@ import numpy as np
 from lightrail.control.opus import LIGHTRAIL, OpusPlanner, Requirement
 from lightrail.control.plan import Mode, Plan, Policy, union
 from lightrail.fabric.params import RailFabric
-from lightrail.sharing import FairShare
+from lightrail.sharing import FairShare, OpCost
 from lightrail.sim.durations import OpDurations
 from lightrail.sim.rails import Rails
 from lightrail.workload.parallel import Dim
 from lightrail.workload.program import CollectiveOp, CommOp, ComputeOp, Program, RecvOp, SendOp
 
 __all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration"]
+
+_CPU = np.array([-1])
+"""The emulation host's cores as one link of the flow-level sharing (``fabric.host_cores``; network links are >= 0)."""
+
 
 @dataclass(frozen=True)
 class TraceEvent:
@@ -216,6 +225,7 @@ class _Simulation:
         self.share = FairShare(fair=fabric.sharing == "fair")
         """The ops in flight and their shares of the links."""
         self._pairs: dict[Requirement, Requirement] = {}
+        self._cpu: dict[float, OpCost] = {}  # a compute op's flow on the host's cores, by its seconds
 
     def _check_in(self, s: int, req: Requirement, *, receiver: bool = False) -> bool:
         """Does this op (part) ask the controller first? Opus: every op on the rails; leases: only when
@@ -267,9 +277,14 @@ class _Simulation:
             return
         match ops[it.next_op[s]]:
             case ComputeOp() as op:
+                it.next_op[s] += 1
+                if self.fabric.host_cores is not None:  # on the emulation host's shared cores
+                    proc = self._compute(it, s, op)
+                    next(proc)
+                    self._resume(it, proc, t)
+                    return
                 it.event(f"stage {s}", op.label, "compute", t, op.seconds)
                 it.totals[s].compute += op.seconds
-                it.next_op[s] += 1
                 it.push(t + op.seconds, s)
             case RecvOp() as op:
                 if (s, it.next_op[s]) not in it.preposted:
@@ -402,7 +417,10 @@ class _Simulation:
                     ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
                     lit = self.rails.ensure(self._pair(req) if peer is not None and leases else req,
                                             ask + rtt / 2 + command)
-                    own = max(now + rtt if mine else now, lit + rtt / 2 if lit > now else 0.0)
+                    # the controller grants at once a rank asking after the switch ended, else at its end plus its
+                    # own lag (``fabric.switch_grant``); the grant reaches the rank half a round trip later
+                    after = self.fabric.switch_grant if lit > now + rtt / 2 else 0.0
+                    own = max(now + rtt if mine else now, lit + rtt / 2 + after if lit > now else 0.0)
                     if own - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
                         own = now
                     ready = max(own, posted + rtt if posted is not None and posted + rtt > own else own)
@@ -441,6 +459,23 @@ class _Simulation:
             self._deliver(it, (s, s + op.offset), now)
         if on_rails:
             self.prior[s] = max(self.prior[s], now)
+
+    def _compute(self, it: _Iteration, s: int, op: ComputeOp) -> Generator:
+        """A compute op on the emulation host's ``fabric.host_cores`` cores, which every rank's process shares: a
+        flow on one CPU link (id -1, no network link's) that the stages computing at once share max-min fairly.
+        Alone, the stage's ``r`` ranks take ``max(1, r / cores)`` times ``op.seconds`` (a rank's time on a core
+        of its own) and use ``min(1, r / cores)`` of the host; ``n`` stages at once take ``max(1, n r / cores)``
+        times it: processor sharing of ``n r`` processes on the cores."""
+        start = yield
+        cost = self._cpu.get(op.seconds)
+        if cost is None:
+            ratio = self.layout.world / self.layout.pp / self.fabric.host_cores
+            alone = op.seconds * max(1.0, ratio)
+            cost = self._cpu[op.seconds] = OpCost(alone, _CPU, np.array([alone * min(1.0, ratio)]), bandwidth_s=alone)
+        end = yield "flow", cost
+        it.event(f"stage {s}", op.label, "compute", start, end - start)
+        it.totals[s].compute += end - start
+        it.push(end, s)
 
     def _pair(self, req: Requirement) -> Requirement:
         """A send's circuits and the reverse ones, where its phase is one configuration holding both: the runtime

@@ -80,20 +80,23 @@ def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, polic
     })
 
 
-def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteration_s: float) -> float:
+def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteration_s: float,
+                           host_cores: int | None = None) -> float:
     """The per-rank peak (TFLOP/s) at which ``simulate``'s electrical iteration of the demo job takes
     ``iteration_s``: our own measurement of this CPU (the gloo run), not a hardware figure.
 
     The model's iteration is ``a / peak + b`` (compute, and communication at the cluster's rates),
     so two electrical simulations give ``a`` and ``b``. What the CPU spends in gloo's loopback
-    transfers is folded into the compute rate.
+    transfers is folded into the compute rate. With ``host_cores`` (the ranks' processes share that many
+    cores: ``RailFabric.host_cores``) the compute is timed under processor sharing; the fit is then refined
+    by secant steps (the iteration is ``a / peak + b`` only while the stages' overlaps keep their order).
     """
     from lightrail.studies.rails import JobRuns
 
     def electrical(peak: float) -> float:
         built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=DEMO_POLICY,
                           peak_tflops=peak).build()
-        return JobRuns(built.job).electrical(built.fabric).iteration_time_s
+        return JobRuns(built.job).electrical(replace(built.fabric, host_cores=host_cores)).iteration_time_s
 
     p1, p2 = 1e-3, 2e-3
     t1, t2 = electrical(p1), electrical(p2)
@@ -102,7 +105,17 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
     if a <= 0 or iteration_s <= b:
         raise InfeasibleError(f"cannot fit the model's compute to a measured iteration of {iteration_s:.4g} s",
                               field="gloo_iteration_s", fix="run more --steps")
-    return a / (iteration_s - b)
+    peak = a / (iteration_s - b)
+    if host_cores is not None:  # secant steps on 1 / peak (the compute time scale) to the measured iteration
+        x0, f0 = 1 / p2, t2 - iteration_s
+        x1 = 1 / peak
+        for _ in range(6):
+            f1 = electrical(1 / x1) - iteration_s
+            if abs(f1) <= 1e-6 * iteration_s or f1 == f0:
+                break
+            x0, x1, f0 = x1, max(x1 - f1 * (x1 - x0) / (f1 - f0), 1e-9), f1
+        peak = 1 / x1
+    return peak
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,10 @@ class Prediction:
     defaults), as :func:`measured_control` reads them from the controller."""
     controller_requests_per_iteration: float | None = None
     """Requests per rank per iteration as the runtime counts them (acquires, releases, acks, prepares)."""
+    switch_grant_latency_s: float | None = None
+    """The run's own lag from a switch's end to its grant (``ocs.switch_grant_latency``; None: the default)."""
+    host_cores: int | None = None
+    """The cores the ranks' processes shared (``RailFabric.host_cores``: compute under processor sharing), or None."""
 
     def to_dict(self) -> dict:
         return {"iteration_s": self.iteration_s, "electrical_iteration_s": self.electrical_iteration_s,
@@ -135,7 +152,8 @@ class Prediction:
                 "overhead_breakdown_s": dict(self.overhead_breakdown_s), "peak_tflops": self.peak_tflops,
                 "check_in_rtt_s": self.check_in_rtt_s, "leases": self.leases, "schedule": self.schedule,
                 "revoke_rtt_s": self.revoke_rtt_s, "command_latency_s": self.command_latency_s,
-                "controller_requests_per_iteration": self.controller_requests_per_iteration}
+                "controller_requests_per_iteration": self.controller_requests_per_iteration,
+                "switch_grant_latency_s": self.switch_grant_latency_s, "host_cores": self.host_cores}
 
 
 def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO_POLICY) -> Plan:
@@ -149,42 +167,61 @@ def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO
 
 
 def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, plan: Plan,
-                       peak_tflops: float | None = None, control: Mapping[str, float] | None = None) -> Prediction:
+                       peak_tflops: float | None = None, control: Mapping[str, float] | None = None,
+                       host_cores: int | None = None) -> Prediction:
     """What ``lightrail simulate`` predicts for the same model, layout, micro-batches, pipeline schedule
     (GPipe) and OCS delay, executing ``plan`` (:func:`demo_plan`: its configurations and policy). With
     ``peak_tflops`` (see :func:`calibrated_peak_tflops`) the model computes at this CPU's speed, so its overhead
     can be set beside the measured one; with ``control`` (:func:`measured_control`: ``check_in_rtt``,
-    ``revoke_rtt``, ``command_latency`` in seconds) the controller costs what it cost in the run."""
+    ``revoke_rtt``, ``command_latency``, ``switch_grant_latency`` in seconds) the controller costs what it cost in
+    the run; with ``host_cores`` the ranks compute on that many shared cores, as the emulation does
+    (``RailFabric.host_cores``)."""
     from lightrail.studies.rails import JobRuns, overhead_breakdown
 
     control = dict(control or {})
+    after = control.pop("switch_grant_latency", None)  # the fabric's, not a scenario field
     built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, policy=plan.policy,
                       peak_tflops=peak_tflops, control=control).build()
+    fabric = replace(built.fabric, host_cores=host_cores,
+                     **({} if after is None else {"switch_grant_latency": after}))
     runs = JobRuns(built.job)  # the photonic run and its electrical baseline, as `simulate` computes them
-    result = runs(built.fabric, plan)
-    photonic, electrical = result.iteration_time_s, runs.electrical(built.fabric).iteration_time_s
+    result = runs(fabric, plan)
+    photonic, electrical = result.iteration_time_s, runs.electrical(fabric).iteration_time_s
     return Prediction(photonic, electrical, photonic - electrical, result.reconfigurations_per_iteration,
                       result.controller_round_trips_per_iteration,
-                      overhead_breakdown(runs, built.fabric, plan, photonic, electrical), peak_tflops,
+                      overhead_breakdown(runs, fabric, plan, photonic, electrical), peak_tflops,
                       control.get("check_in_rtt"), plan.leases, "gpipe", control.get("revoke_rtt"),
-                      control.get("command_latency"), result.controller_requests_per_iteration)
+                      control.get("command_latency"), result.controller_requests_per_iteration, after, host_cores)
+
+
+def host_cores() -> int:
+    """The CPU cores this process (and the ranks it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def measured_control(metrics: Mapping[str, float], round_trips: Sequence[float], *, leases: bool) -> dict[str, float]:
     """The run's control-plane costs as the model's ``ocs`` parameters, from the controller's /metrics and the ranks'
     request round trips: ``check_in_rtt`` the ranks' median request round trip; ``revoke_rtt`` the controller's
-    median revocation (push to the lease's end); ``command_latency`` its median switch overhead (from a group
-    ready to its grant, less the OCS delay) less the revocation that switch waited for, with leases. A cost the
-    run did not incur is left to the default."""
+    median revocation (push to the lease's end); ``switch_grant_latency`` its median lag from a switch's end to the
+    grant (``lightrail_switch_lag_seconds{kind="after"}``: where that lag acts, after the switch);
+    ``command_latency`` its median switch overhead (from a group ready to its grant, less the OCS delay) less that
+    lag and, with leases, the revocation the switch waited for. A cost the run did not incur is left to the
+    default."""
     out: dict[str, float] = {}
     if round_trips:
         out["check_in_rtt"] = sorted(round_trips)[len(round_trips) // 2]
     revoke = metrics.get('lightrail_revoke_seconds{quantile="0.5"}')
     if revoke is not None:
         out["revoke_rtt"] = revoke
+    after = metrics.get('lightrail_switch_lag_seconds{kind="after",quantile="0.5"}')
+    if after is not None:
+        out["switch_grant_latency"] = after
     overhead = metrics.get('lightrail_grant_overhead_seconds{kind="switch",quantile="0.5"}')
     if overhead is not None:
-        out["command_latency"] = max(0.0, overhead - ((revoke or 0.0) if leases else 0.0))
+        out["command_latency"] = max(0.0, overhead - (after or 0.0) - ((revoke or 0.0) if leases else 0.0))
     return out
 
 
@@ -399,9 +436,11 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     stats = [r.get("controller", {}) for r in photonic.ranks]
     round_trips = sorted(s for st in stats for s in st.get("request_s", []))
     rtt_p50 = round_trips[len(round_trips) // 2] if round_trips else None
-    peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s)
+    cores = host_cores()  # 8 processes on them: the model computes under processor sharing, as they did
+    peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s, host_cores=cores)
     predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, plan=plan, peak_tflops=peak,
-                                   control=measured_control(metrics, round_trips, leases=plan.leases))
+                                   control=measured_control(metrics, round_trips, leases=plan.leases),
+                                   host_cores=cores)
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
     # requests per rank per iteration, the first (warm-up: groups declared, sequence learned) left out;
     # all of the rank's requests count (acks of revokes can arrive while the gloo replica trains)
