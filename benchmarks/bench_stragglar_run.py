@@ -20,7 +20,7 @@ import torch
 
 from lightrail.report.files import write_json
 from lightrail.report.plots import plot_straggler_run
-from lightrail.studies.straggler_run import measure_straggler
+from lightrail.studies.stragglar_run import measure_stragglar
 from lightrail.units import format_size, format_time, parse_size, parse_time
 
 RANKS = 8
@@ -40,7 +40,7 @@ def main() -> None:
     start = time.perf_counter()
     for size in sizes:
         t0 = time.perf_counter()
-        r = measure_straggler(RANKS, size, delay_s, RANKS - 1, repeats=args.repeats).to_dict()
+        r = measure_stragglar(RANKS, size, delay_s, RANKS - 1, repeats=args.repeats).to_dict()
         rows.append({"size": format_size(size), "size_bytes": size, "delay_s": r["delay_s"],
                      "stragglar_s": round(r["stragglar_s"], 5), "ring_s": round(r["ring_s"], 5),
                      "native_s": round(r["native_s"], 5),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent
-PROCESSES = ("runtime", "fl", "moe/test_moe_layer.py", "studies/test_train_demo.py", "studies/test_straggler_run.py",
+PROCESSES = ("runtime", "fl", "moe/test_moe_layer.py", "studies/test_train_demo.py", "studies/test_stragglar_run.py",
              "studies/test_sweep.py", "te/test_service.py", "test_examples.py", "cli/test_hostile_cli.py")
 """Test folders and files (under tests/) whose tests start several processes."""
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 
 from lightrail.cli.app import err, given_on_command_line
-from lightrail.cli.output import print_json, progress_bar  # noqa: F401 - cli/te.py still reads them here
 from lightrail.defaults import ALPHA, HOP_LATENCY, NIC_BANDWIDTH, NVLINK_BANDWIDTH, TOPOLOGIES, Kind, Mode
 from lightrail.errors import ScenarioError, UnsupportedError
 from lightrail.limits import (

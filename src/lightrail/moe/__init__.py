@@ -1,8 +1,9 @@
 """Mixture-of-experts: an expert-parallel layer with payload-efficient, pipelined all-to-alls (FlashDMoE-style)
 and the traffic formulas the fabric model shares with it.
 
-``lightrail.moe.traffic`` is pure arithmetic (no torch), imported by the workload model; the layer
-(``lightrail.moe.layer``) and the bench (``lightrail.moe.bench``) import torch and are loaded on use.
+``lightrail.moe.traffic`` is pure arithmetic (no torch): the byte formulas, which live in the core
+(``lightrail.workload.moe_bytes``), and the layer's measured bytes; the layer (``lightrail.moe.layer``) and the
+bench (``lightrail.moe.bench``) import torch and are loaded on use.
 """
 
 from lightrail.moe.traffic import (

@@ -267,7 +267,7 @@ def plot_sweep_cells(rows: Sequence[dict], fields: Sequence[str], path: Path, *,
 
 def plot_straggler_run(rows: Sequence[dict], path: Path, title: str) -> Path:
     """Measured time to finish per AllReduce method against size (log-log), and StragglAR's speedup
-    over gloo's native AllReduce and over lightrail's Ring (rows as ``StragglerRun.to_dict()`` gives them)."""
+    over gloo's native AllReduce and over lightrail's Ring (rows as ``StragglarRun.to_dict()`` gives them)."""
     rows = sorted(rows, key=lambda r: r["size_bytes"])
     sizes = [r["size_bytes"] for r in rows]
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -342,7 +342,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
     """StragglAR's speedup over Ring (solid) and over "wait, then the best algorithm" (dotted, same
     colour) per fabric: against the rank count at one delay, and against the delay at one rank count.
 
-    ``result`` is :meth:`lightrail.studies.stragglar.StragglerSweep.to_dict`'s output; ``at_delay`` defaults
+    ``result`` is :meth:`lightrail.studies.stragglar.StragglarSweep.to_dict`'s output; ``at_delay`` defaults
     to its largest delay and ``at_ranks`` to 8 if swept, else its smallest rank count. Time is affine
     in the delay, so the curves against it are drawn exactly from ``result["profiles"]`` between the
     swept delays (marked), peaks at D = StragglAR's phase 1 included.

@@ -13,8 +13,8 @@ from lightrail.report.files import write_json
 from lightrail.units import format_rate, format_size, format_time
 
 if TYPE_CHECKING:  # only types: showing a result should not import the gloo launcher
-    from lightrail.studies.stragglar import StragglarRounds, StragglerComparison, StragglerSweep
-    from lightrail.studies.straggler_run import StragglerRun
+    from lightrail.studies.stragglar import StragglarComparison, StragglarRounds, StragglarSweep
+    from lightrail.studies.stragglar_run import StragglarRun
 
 __all__ = ["print_rounds", "print_comparison", "print_run", "run_mismatch", "write_sweep", "print_sweep",
            "SWEEP_FILES"]
@@ -36,7 +36,7 @@ def print_rounds(result: StragglarRounds, console: Console) -> None:
     console.print(table)
 
 
-def print_comparison(result: StragglerComparison, console: Console) -> None:
+def print_comparison(result: StragglarComparison, console: Console) -> None:
     table = Table(title=f"AllReduce of {format_size(result.size_bytes)} on {result.topology}, "
                         f"straggler {_late(result.delay_s)} late")
     table.add_column("algorithm")
@@ -51,7 +51,7 @@ def print_comparison(result: StragglerComparison, console: Console) -> None:
                   f"from start, {result.speedup_over_best_after_arrival:.2f}x after straggler arrives")
 
 
-def print_run(result: StragglerRun, console: Console) -> None:
+def print_run(result: StragglarRun, console: Console) -> None:
     table = Table(title=f"AllReduce of {format_size(result.size_bytes)} on {result.ranks} gloo processes, "
                         f"rank {result.straggler} {_late(result.delay_s)} late (median of {result.repeats})")
     table.add_column("method")
@@ -65,7 +65,7 @@ def print_run(result: StragglerRun, console: Console) -> None:
         f"{METHOD_NAMES[row.method]} {'yes' if row.correct else 'NO'}" for row in rows))
 
 
-def run_mismatch(result: StragglerRun) -> str | None:
+def run_mismatch(result: StragglarRun) -> str | None:
     """The error line when a method's result differed from ``dist.all_reduce``, else None."""
     wrong = [row for row in result.rows() if not row.correct]
     if not wrong:
@@ -74,7 +74,7 @@ def run_mismatch(result: StragglerRun) -> str | None:
             "(max abs error " + ", ".join(f"{row.max_abs_error:.3g}" for row in wrong) + ")")
 
 
-def _sweep_title(result: StragglerSweep) -> str:
+def _sweep_title(result: StragglarSweep) -> str:
     title = f"StragglAR AllReduce of {format_size(result.size_bytes)}"
     if result.settings is not None:
         hop = result.settings.latency_s
@@ -83,7 +83,7 @@ def _sweep_title(result: StragglerSweep) -> str:
     return title + f", alpha {format_time(result.alpha_s) if result.alpha_s else '0'}"
 
 
-def write_sweep(result: StragglerSweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
+def write_sweep(result: StragglarSweep, out_dir: Path, *, fmt: str = "png") -> list[Path]:
     """Both plots (as ``fmt``), then ``sweep.json`` (each written atomically); returns the three paths."""
     from lightrail.report.plots import figure_files, plot_straggler_speedups
 
@@ -94,7 +94,7 @@ def write_sweep(result: StragglerSweep, out_dir: Path, *, fmt: str = "png") -> l
     return files
 
 
-def print_sweep(result: StragglerSweep, files: list[Path], console: Console) -> None:
+def print_sweep(result: StragglarSweep, files: list[Path], console: Console) -> None:
     table = Table(title=f"StragglAR AllReduce of {format_size(result.size_bytes)}, straggler "
                         f"{_late(result.at_delay_s)} late")
     for col in ("topology", "n", "StragglAR", "Ring", "vs Ring (from start)", "vs Ring (after straggler arrives)",

@@ -230,7 +230,8 @@ class TrainingJob:
     schedules take 1."""
     moe_dispatch: str = "payload"
     """EP all-to-all style (MoE models): ``payload`` sends routed tokens only, ``padded`` sends every expert's
-    ``capacity`` slots, full or not (GShard); bytes from :mod:`lightrail.moe.traffic`, as the MoE layer sends."""
+    ``capacity`` slots, full or not (GShard); bytes from :mod:`lightrail.workload.moe_bytes`, as the MoE layer
+    sends."""
     capacity_factor: float = 1.25
     """Slots per expert over the uniform share, for ``moe_dispatch: padded``."""
     moe_imbalance: float = 1.0
