@@ -86,6 +86,9 @@ class CircuitState:
     Traffic is recorded lazily: :meth:`occupy` keeps, per set of circuits, the latest end it was given, and
     ``tx_busy`` / ``rx_busy`` apply them when read (a maximum is the same in any order and grouping); the
     latest end on each device is kept at once (:meth:`device_busy`), which is all a whole-switch rewrite reads.
+    Answers about a set of circuits (:meth:`all_present`, :meth:`lit_at`) are remembered per set until one of its
+    devices changes (each change through :meth:`apply`, :meth:`rewrite` or :meth:`configure` stamps its device):
+    the simulator asks about the same circuits op after op. Write the configuration through these methods.
     """
 
     def __init__(self, devices: int, ports: int, delay: float = 0.0):
@@ -97,10 +100,12 @@ class CircuitState:
         self._tx_busy, self._rx_busy = np.zeros(shape), np.zeros(shape)
         self._busy_device = np.zeros(devices)  # per device, the latest end of traffic on any of its ports
         self._pending: dict[tuple[int, int, int], list] = {}  # circuits' array ids -> [dev, tx, rx, until]
-        self._devices: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(dev) -> (dev, its devices, each once)
+        self._devices: dict[int, tuple] = {}  # id(dev) -> (dev, its devices each once: an array, a tuple)
         self._row: list[np.ndarray | None] = [None] * devices  # the perm a device holds since its rewrite
         self._inverse: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(perm) -> (perm, rx_source row)
         self._same: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bool, int]] = {}
+        self._stamps = [0] * devices  # per device, changes so far
+        self._memo: dict[tuple, tuple] = {}  # (question, array ids) -> (its devices' stamps, answer, the arrays)
 
     @property
     def tx_busy(self) -> np.ndarray:
@@ -131,11 +136,50 @@ class CircuitState:
         """Per circuit, whether it is configured (lit or lighting)."""
         return self.tx_target[dev, tx] == rx
 
+    def all_present(self, dev, tx, rx) -> bool:
+        """Whether every one of these circuits is configured: ``present(dev, tx, rx).all()``, remembered."""
+        return self._remembered("present", dev, tx, rx, lambda: bool(np.all(self.tx_target[dev, tx] == rx)))
+
     def lit_at(self, dev, tx, rx) -> float:
-        """When every one of these circuits' ports is lit."""
+        """When every one of these circuits' ports is lit (remembered until one of their devices changes)."""
         if not len(np.atleast_1d(dev)):
             return 0.0
-        return float(max(self.tx_dark[dev, tx].max(), self.rx_dark[dev, rx].max()))
+        return self._remembered("lit", dev, tx, rx,
+                                lambda: float(max(self.tx_dark[dev, tx].max(), self.rx_dark[dev, rx].max())))
+
+    def _remembered(self, question: str, dev, tx, rx, answer):
+        """``answer()``, or what it gave for the same arrays while none of their devices has changed since."""
+        if not all(isinstance(a, np.ndarray | int | np.integer) for a in (dev, tx, rx)):
+            return answer()
+        devices = self._device_set(dev)
+        stamps = tuple([self._stamps[d] for d in devices])
+        key = (question, id(dev), id(tx), id(rx))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == stamps:
+            return hit[1]
+        if len(self._memo) > _REMEMBERED:
+            self._memo.clear()
+        value = answer()
+        self._memo[key] = (stamps, value, dev, tx, rx)  # holding the arrays keeps their ids theirs
+        return value
+
+    def _device_set(self, dev) -> tuple[int, ...]:
+        """The devices ``dev`` names, each once, in order (remembered per array)."""
+        if not isinstance(dev, np.ndarray):
+            return (int(dev),)
+        devices = self._devices.get(id(dev))
+        if devices is None:
+            if len(self._devices) > _REMEMBERED:
+                self._flush()  # no pending traffic refers to a forgotten entry
+                self._devices.clear()
+            unique = np.unique(np.asarray(dev, np.int64))
+            devices = self._devices[id(dev)] = (dev, unique, tuple(unique.tolist()))
+        return devices[2]
+
+    def _changed(self, devices) -> None:
+        for d in devices:
+            self._stamps[d] += 1
+            self._row[d] = None
 
     def switched_ports(self, dev, tx, rx):
         """Ports that lighting circuits ``tx -> rx`` would switch: (device, tx port) and (device, rx port)
@@ -161,8 +205,7 @@ class CircuitState:
         self.tx_dark[tx_dev, tx_port] = start[tx_dev] + self.delay
         self.rx_dark[rx_dev, rx_port] = start[rx_dev] + self.delay
         old_rx, old_tx = self.tx_target[dev, tx], self.rx_source[dev, rx]
-        for d in np.unique(dev).tolist():
-            self._row[d] = None
+        self._changed(np.unique(dev).tolist())
         self.tx_target[dev[old_tx >= 0], old_tx[old_tx >= 0]] = -1
         self.rx_source[dev[old_rx >= 0], old_rx[old_rx >= 0]] = -1
         self.tx_target[dev, tx] = rx
@@ -185,6 +228,7 @@ class CircuitState:
         self.tx_target[dev] = perm
         self.rx_source[dev] = self._inverse[id(perm)][1]
         self.tx_dark[dev] = self.rx_dark[dev] = start + self.delay
+        self._changed((dev,))
         self._row[dev] = perm
         return start + self.delay, changed
 
@@ -217,7 +261,7 @@ class CircuitState:
         outs = np.flatnonzero(source != self.rx_source[dev])
         if not len(ins) and not len(outs):
             return start, ins, outs
-        self._row[dev] = None
+        self._changed((dev,))
         self.tx_target[dev], self.rx_source[dev] = perm, source
         self.tx_dark[dev, ins] = start + self.delay
         self.rx_dark[dev, outs] = start + self.delay
@@ -234,16 +278,12 @@ class CircuitState:
             return
         if not dev.size:
             return
-        if len(self._devices) > _REMEMBERED:  # callers with fresh arrays each time: forget, stay bounded
-            self._flush()
-            self._devices.clear()
+        self._device_set(dev)
+        unique = self._devices[id(dev)][1]
+        self._busy_device[unique] = np.maximum(self._busy_device[unique], until)
         key = (id(dev), id(tx), id(rx))
         pending = self._pending.get(key)
         if pending is None:
             self._pending[key] = [dev, tx, rx, until]  # holding the arrays keeps their ids theirs
         elif until > pending[3]:
             pending[3] = until
-        devices = self._devices.get(id(dev))
-        if devices is None:
-            devices = self._devices[id(dev)] = (dev, np.unique(np.asarray(dev, np.int64)))
-        self._busy_device[devices[1]] = np.maximum(self._busy_device[devices[1]], until)

@@ -28,12 +28,13 @@ class Rails:
         self.leased: dict[int, str] = {}  # stage -> configuration name it holds a lease on
         self.acks = [0] * layout.pp  # per stage, leases that ended (each holder acks its revoke: a request)
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
+        self._rows: dict[str, list[np.ndarray]] = {}  # configuration -> its rows, one object per rail
         self._split: dict = {}  # ids of a requirement's circuit arrays -> (the arrays, its circuits per rail)
 
     # -- leases ----------------------------------------------------------------------------------------
     def has_lease(self, stage: int, req: Requirement) -> bool:
         rail, tx, rx = req.circuits
-        return self.leased.get(stage) == req.phase and bool(np.all(self.state.present(rail, tx, rx)))
+        return self.leased.get(stage) == req.phase and self.state.all_present(rail, tx, rx)
 
     def take_lease(self, stage: int, req: Requirement) -> None:
         self._drop(stage)
@@ -115,10 +116,10 @@ class Rails:
     def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
         for r, tx, rx in self._by_rail(req):
-            present = bool(np.all(self.state.present(r, tx, rx)))
+            present = self.state.all_present(r, tx, rx)
             if self.holds[r] == req.phase and present or present and self.policy.skip_present:
                 continue
-            new = self.plan.configurations[req.phase][r]
+            new = self._configuration(req.phase, r)
             if self.state.holds(r, new):  # nothing to switch on this rail
                 self.holds[r] = req.phase
                 continue
@@ -127,6 +128,13 @@ class Rails:
             self._revoke_rail(r)
             self.holds[r] = req.phase
             self.reconfigs.append((int(r), start, end, changed, req.phase))
+
+    def _configuration(self, phase: str, r: int) -> np.ndarray:
+        """Rail ``r``'s row of the plan's configuration ``phase``, the same array object each time (so the circuit
+        state remembers what it knows of it)."""
+        if phase not in self._rows:
+            self._rows[phase] = list(self.plan.configurations[phase])
+        return self._rows[phase][r]
 
     def _by_rail(self, req: Requirement) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``req``'s circuits rail by rail (rails in order): split once per requirement (the planner's are
@@ -140,6 +148,8 @@ class Rails:
     def _ports(self, req: Requirement, decision: float) -> None:
         """Partial reconfiguration: only ports whose circuits change go dark, each rail on its own."""
         rail, tx, rx = req.circuits
+        if self.state.all_present(rail, tx, rx):  # nothing to switch (most ops: the circuits stay up)
+            return
         (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = self.state.switched_ports(rail, tx, rx)
         if not len(m_rail):
             return
