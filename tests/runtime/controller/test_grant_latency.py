@@ -82,6 +82,9 @@ def test_a_switch_is_timed_from_ready_and_its_overhead_is_what_is_not_the_delay(
         assert overhead == pytest.approx(latency - D) and overhead == pytest.approx(0.3)
         assert c.grant_latency["switch"].sum == pytest.approx(0.3 + 2 * D)
         assert c.grant_overhead.sum == pytest.approx(0.3)
+        # the overhead split where it falls: 0.3 s from ready to the switch's start (A's release), 0 after its end
+        assert list(c.switch_lag["before"].samples) == pytest.approx([0.0, 0.3], abs=1e-9)
+        assert list(c.switch_lag["after"].samples) == pytest.approx([0.0, 0.0], abs=1e-9)
 
     asyncio.run(run())
 
@@ -107,6 +110,7 @@ def test_a_switch_a_prepare_started_counts_only_from_ready_and_one_over_before_r
         assert all(f.done() for f in fa)
         assert list(c.grant_latency["switch"].samples) == pytest.approx([D / 2])
         assert list(c.grant_overhead.samples) == pytest.approx([0.0], abs=1e-9)
+        assert list(c.switch_lag["before"].samples) == [0.0]  # a prepare started it before ready
         vt.now += 1.0
         fb = [acquire(c, "j", r, "B") for r in (2, 3)]
         assert all(f.done() for f in fb)  # lit and settled: granted at the second acquire

@@ -62,16 +62,15 @@ Cost: groups are indexed by job and by (device, port), and the groups that may b
 in a set, so a request looks only at groups on the ports it touches (``visits`` counts the groups
 looked at; another tenant's groups do not add to it).
 
-Grant timing (``grant_latency``, ``grant_overhead``, ``revoke_rtt``: :class:`Timings`, in the injected clock): per
-group grant, the time from *ready* (the arrival of the last member's acquire of the round, the latest of the granted
-waiters' arrival times) to the grant, by what the grant needed: ``switch`` if a switch for it completed after it was
-ready (so the members waited for some of it), else ``revoke`` if a lease on ports it switches had to end after it was
-ready, else ``lit``. For a switch, ``grant_overhead`` is that latency minus the part of the switch delay that fell
-after ready (the whole delay unless a prepare started it earlier). A switch or revoke that was over before the last
-member arrived (prepare hid it) counts as ``lit``: the circuits were there when every member was. Each revoke's
-round trip is the time from its push to the end of the lease (last ack or release in). Skip-if-present grants a
-lit group even while a lease holds the same circuits, so a revoke is needed only to switch: ``revoke`` has
-samples only when another group's switch lit the circuits after the lease ended.
+Grant timing (``grant_latency``, ``grant_overhead``, ``switch_lag``, ``revoke_rtt``: :class:`Timings`, in the
+injected clock): per group grant, the time from *ready* (the last member's acquire of the round) to the grant, by
+what it needed: ``switch`` if a switch for it completed after ready, else ``revoke`` if a lease on ports it switches
+had to end after ready, else ``lit``. For a switch, ``grant_overhead`` is that latency minus the switch delay that fell
+after ready; ``switch_lag`` splits it: ``before``, ready to the switch's start (0 when a prepare started it earlier),
+``after``, the switch's end to the grant. A switch or revoke over before the last member arrived counts as ``lit``.
+A revoke's round trip runs from its push to the end of the lease (last ack or release in). Skip-if-present grants a
+lit group even while a lease holds its circuits, so ``revoke`` has samples only when another group's switch lit the
+circuits after the lease ended.
 
 Storage: every durable change is written to the Store first; a failed write (another process holding
 the lock past its bound) raises :class:`~lightrail.errors.InfeasibleError` naming ``state`` and leaves
@@ -176,6 +175,7 @@ class Controller(Switching, FailoverLogic):
         # ready -> grant per group grant, by what it needed; a switch's minus its delay waited; revoke -> lease end
         self.grant_latency: dict[str, Timings] = {"lit": Timings(), "revoke": Timings(), "switch": Timings()}
         self.grant_overhead = Timings()
+        self.switch_lag: dict[str, Timings] = {"before": Timings(), "after": Timings()}
         self.revoke_rtt = Timings()
         self._lit = self.grant_latency["lit"]  # the common kind, without the lookup
         self.counters: dict[str, float] = {"requests": 0, "errors": 0, "grants": 0, "grants_without_change": 0,

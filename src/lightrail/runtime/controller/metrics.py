@@ -235,6 +235,9 @@ class _Collector:
         yield self._timings("grant_overhead_seconds", "Per switch grant: its grant latency minus the switch delay "
                             "the controller waited after ready (what is not the OCS itself).",
                             {"switch": c.grant_overhead})
+        yield self._timings("switch_lag_seconds", "Per switch grant, its overhead in two parts: kind before, from "
+                            "ready to the switch's start (0 when a prepare started it earlier); kind after, from the "
+                            "switch's end to the grant.", c.switch_lag)
         yield self._timings("revoke_seconds", "Revocation round trip: from pushing revoke to a lease's holders "
                             "until the lease ended (last ack or release in; its ports free).", {"": c.revoke_rtt})
 

@@ -345,6 +345,8 @@ class Switching:
             waited = min(g.switch_done, now) - max(g.switch_start, ready)  # its delay after ready (<= the delay)
             self.grant_latency["switch"].add(now - ready)
             self.grant_overhead.add(now - ready - max(0.0, waited))
+            self.switch_lag["before"].add(max(0.0, g.switch_start - ready))
+            self.switch_lag["after"].add(max(0.0, now - g.switch_done))
             g.switch_start = g.switch_done = g.revoked_at = _NEVER
         else:
             self.grant_latency["revoke"].add(now - ready)
