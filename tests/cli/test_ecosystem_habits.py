@@ -84,6 +84,15 @@ def test_out_writes_the_json_that_json_prints(argv, name, tmp_path, monkeypatch)
     assert json.loads((tmp_path / "o" / name).read_text()) == json.loads(printed.stdout)
 
 
+def test_fl_demo_out_writes_its_json(tmp_path, monkeypatch):
+    """The demo itself (real services) is tests/fl's to check; here the verb's writing, before its verdict."""
+    measured = {"double_bookings": 0, "model_exact": True, "clients": 2}
+    monkeypatch.setattr("lightrail.fl.serve.demo", lambda **kw: measured)
+    result = runner.invoke(app, ["fl", "demo", "--json", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "o" / "fl-demo.json").read_text()) == measured == json.loads(result.stdout)
+
+
 def test_stragglar_run_out_writes_its_json(tmp_path, monkeypatch):
     """The measurement itself (gloo processes, ~10 s) is tests/studies' to check; here the verb's writing."""
 

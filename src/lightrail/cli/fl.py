@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from lightrail.cli.app import app, err, friendly, out
-from lightrail.cli.options import JsonOut, check_count, check_out
-from lightrail.cli.output import print_json
+from lightrail.cli.options import JsonOut, check_count, check_out, result_out
+from lightrail.cli.output import print_json, save_result
 from lightrail.errors import ScenarioError
 
 fl_app = typer.Typer(no_args_is_help=True, help="Federated / collaborative ML resource manager (Propius).")
@@ -97,6 +97,7 @@ def fl_demo_cmd(
     kill_at_round: Annotated[int | None, typer.Option(
         "--kill-at-round", help="Round (0-based) whose first accepted result triggers --kill.",
         show_default=False)] = None,
+    out_dir: Annotated[Path | None, result_out("fl-demo.json")] = None,
     json_out: JsonOut = False,
 ):
     """Start the control plane and parameter servers, emulate clients checking in through the load balancer and
@@ -125,6 +126,7 @@ def fl_demo_cmd(
                   model_dim=model_dim, kill_leaf_at_round=kill_leaf_at_round, over_selection=over_selection,
                   round_timeout_s=_fl_time(round_timeout, "--round-timeout", "5s"), kill=kill,
                   kill_at_round=kill_at_round)
+    save_result(out_dir, "fl-demo.json", result, quiet=json_out)
     if json_out:
         print_json(result)
     else:
