@@ -174,3 +174,13 @@ def test_the_readme_says_once_how_to_activate_the_venv_and_its_commands_parse():
         if rest == ["--help"]:
             continue
         command.make_context(" ".join(path), rest)  # raises on an unknown verb or flag
+
+
+def test_ports_per_gpu_is_one_name_for_one_idea_and_the_old_name_still_works():
+    """``collective --ports`` counted ports per GPU; ``controller serve``/``pipswitch --ports`` count a switch's."""
+    new = runner.invoke(app, ["collective", "-n", "8", "--reconfigurable", "--ports-per-gpu", "1", "--json"])
+    old = runner.invoke(app, ["collective", "-n", "8", "--reconfigurable", "--ports", "1", "--json"])
+    assert new.exit_code == old.exit_code == 0 and json.loads(new.stdout) == json.loads(old.stdout)
+    assert json.loads(new.stdout)["topology"].startswith("reconfigurable(ports=1")
+    bad = runner.invoke(app, ["collective", "-n", "8", "--reconfigurable", "--ports-per-gpu", "0"])
+    assert bad.exit_code == 2 and "--ports-per-gpu" in bad.output

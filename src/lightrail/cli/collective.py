@@ -73,7 +73,7 @@ def collective_cmd(
                                         "algorithm one after another: K x the time of size/K (ASTRA-sim's "
                                         "preferred-dataset-splits, one active chunk).")] = 1,
     reconfigurable: Annotated[bool, typer.Option("--reconfigurable", help="Plan on a reconfigurable circuit "
-                                                 "fabric instead of --topology (see --ports, --ocs-delay).")]
+                                                 "fabric instead of --topology (see --ports-per-gpu, --ocs-delay).")]
     = False,
     ports: Ports = 2,
     ocs_delay: OcsDelay = "10us",

@@ -53,7 +53,9 @@ NvlinkBandwidth = Annotated[str, typer.Option("--nvlink-bandwidth", help="NVLink
 HostsPerLeaf = Annotated[int, typer.Option("--hosts-per-leaf", help="GPUs per leaf switch (fat-tree).")]
 Oversubscription = Annotated[float, typer.Option("--oversubscription", help="Leaf down:up capacity ratio (fat-tree).")]
 Sizes = Annotated[str, typer.Option("--sizes", help="1KiB..4GiB (powers of two) or a comma list.")]
-Ports = Annotated[int, typer.Option("--ports", help="Optical ports per GPU (reconfigurable fabric).")]
+Ports = Annotated[int, typer.Option("--ports-per-gpu", "--ports", help="Optical ports per GPU (reconfigurable "
+                                    "fabric; --ports is its old name: on controller serve and pipswitch --ports "
+                                    "counts a switch's ports).")]
 Propagation = Annotated[str, typer.Option("--propagation", help="Fibre delay per circuit hop.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table; writes no "
                                                     "files unless --out is given.")]

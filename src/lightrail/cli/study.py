@@ -67,7 +67,7 @@ def _check_study_size(kinds, ranks: list[int], sizes: list[float], delays: list[
     from lightrail.collectives import algorithms
 
     check_count(len(sizes) * len(delays), field="--sizes", hi=MAX_GRID, what="sizes x delays")
-    check_count(ports, field="--ports", hi=max(ranks), what="optical ports per GPU")
+    check_count(ports, field="--ports-per-gpu", hi=max(ranks), what="optical ports per GPU")
     for kind in kinds:
         for algorithm in algorithms(kind):
             check_collective_size(kind, algorithm.name, max(ranks))
