@@ -195,17 +195,18 @@ class CircuitState:
         rx_port = np.concatenate([rx, old_rx[old_rx >= 0]])
         return (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx)
 
-    def apply(self, dev, tx, rx, start) -> float:
+    def apply(self, dev, tx, rx, start, *, switched=None) -> float:
         """Light circuits ``tx -> rx`` on devices ``dev``, the change starting at ``start`` (a scalar, or one
-        time per device); returns when they are lit. Circuits already present are left alone."""
-        (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx) = self.switched_ports(dev, tx, rx)
+        time per device); returns when they are lit. Circuits already present are left alone. ``switched``:
+        what :meth:`switched_ports` just said of these circuits (nothing changed since), not worked out again."""
+        (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx) = switched or self.switched_ports(dev, tx, rx)
         if not len(dev):
             return 0.0
         start = np.broadcast_to(np.asarray(start, float), (self.tx_target.shape[0],))
         self.tx_dark[tx_dev, tx_port] = start[tx_dev] + self.delay
         self.rx_dark[rx_dev, rx_port] = start[rx_dev] + self.delay
         old_rx, old_tx = self.tx_target[dev, tx], self.rx_source[dev, rx]
-        self._changed(np.unique(dev).tolist())
+        self._changed(np.flatnonzero(np.bincount(dev, minlength=len(self._stamps))).tolist())
         self.tx_target[dev[old_tx >= 0], old_tx[old_tx >= 0]] = -1
         self.rx_source[dev[old_rx >= 0], old_rx[old_rx >= 0]] = -1
         self.tx_target[dev, tx] = rx

@@ -14,6 +14,19 @@ from lightrail.fabric.params import RailFabric
 __all__ = ["Rails"]
 
 
+def _rail_runs(rail: np.ndarray, rails: int) -> list[tuple[int, int, int]]:
+    """``(r, a, z)``: ``rail[a:z]`` are all ``r``, covering ``rail``. The planner's circuits are sorted by rail, and
+    the ports a change switches are its circuits then their old peers: two sorted runs, each cut at its rails."""
+    if not len(rail):
+        return []
+    starts = [0, *(np.flatnonzero(rail[1:] < rail[:-1]) + 1).tolist(), len(rail)]
+    out = []
+    for a, z in zip(starts[:-1], starts[1:], strict=True):
+        edges = (np.searchsorted(rail[a:z], np.arange(rails + 1)) + a).tolist()
+        out.extend((r, edges[r], edges[r + 1]) for r in range(rails) if edges[r + 1] > edges[r])
+    return out
+
+
 class Rails:
     """The rail switches executing a Plan: circuit state (:class:`CircuitState`, one device per rail,
     one port per server), the configuration each rail holds, and the leases stages hold."""
@@ -69,8 +82,10 @@ class Rails:
         busy, held = np.zeros(rails), np.zeros(rails, bool)
         for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
-            np.maximum.at(busy, rail, when[rail, port])
-            np.logical_or.at(held, rail, lease[rail, port] >= 0)
+            end, leased = when[rail, port], lease[rail, port] >= 0
+            for r, a, z in _rail_runs(rail, rails):  # slices of a few rails' runs: no ufunc.at, no masks
+                busy[r] = max(busy[r], end[a:z].max())
+                held[r] |= leased[a:z].any()
         if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
             return busy + half
         # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
@@ -150,11 +165,12 @@ class Rails:
         rail, tx, rx = req.circuits
         if self.state.all_present(rail, tx, rx):  # nothing to switch (most ops: the circuits stay up)
             return
-        (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = self.state.switched_ports(rail, tx, rx)
+        switched = self.state.switched_ports(rail, tx, rx)
+        (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = switched
         if not len(m_rail):
             return
         start = np.maximum(decision, self._free((tx_rail, tx_port), (rx_rail, rx_port), decision))
-        self.state.apply(rail, tx, rx, start)
+        self.state.apply(rail, tx, rx, start, switched=switched)
         self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
         counts = np.bincount(m_rail, minlength=len(self.holds))
         for r in np.flatnonzero(counts):
