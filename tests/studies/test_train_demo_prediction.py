@@ -74,3 +74,20 @@ def test_the_switch_grant_lag_reaches_the_model_as_a_fabric_parameter():
     lag = predicted_overhead(CONFIG, **kwargs, control={"switch_grant_latency": 5e-3})
     assert lag.switch_grant_latency_s == 5e-3
     assert lag.overhead_s > none.overhead_s + 5e-3  # at least one switch per iteration on the critical path
+
+
+def test_host_work_is_the_controllers_cpu_and_the_clients_cpu_beyond_the_bare_wrapper():
+    """Per lightrail step: the controller's CPU over the run, and per rank its CPU per step less the controller-less
+    replica's, over the steps the medians keep (not each block's first)."""
+    from lightrail.studies.photonic_demo import _host_work
+    from lightrail.studies.train_demo.launch import DemoRun, ReplicaRun
+
+    config = DemoConfig(steps=10)
+    main = [0.5 if k % 5 == 0 else 0.012 for k in range(10)]  # warm-up steps left out
+    bare = [0.5 if k % 5 == 0 else 0.010 for k in range(10)]
+    ranks = tuple({"rank": r, "cpu_s": main, "baselines": [{"cpu_s": bare}, {"cpu_s": bare}]} for r in range(8))
+    replica = ReplicaRun("lightrail", (), (), True, (), 0.1)
+    run = DemoRun(config, 8, replica, ranks, baseline=replica, others=(replica,))
+    assert _host_work(run, config, 1.0, 1.3) == pytest.approx(0.3 / 10 + 8 * 0.002)
+    assert _host_work(run, config, None, 1.3) is None  # not measured (no /proc)
+    assert _host_work(replace(run, others=()), config, 1.0, 1.3) is None  # no controller-less replica

@@ -273,8 +273,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s, host_cores=cores)
     predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, plan=plan, peak_tflops=peak,
                                    control=measured_control(metrics, round_trips, leases=plan.leases),
-                                   host_cores=cores, host_work_s=None if None in (cpu_before, cpu_after) else
-                                   (cpu_after - cpu_before) / config.steps)
+                                   host_cores=cores, host_work_s=_host_work(photonic, config, cpu_before, cpu_after))
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
     # requests per rank per iteration, the first (warm-up: groups declared, sequence learned) left out;
     # all of the rank's requests count (acks of revokes can arrive while the gloo replica trains)
@@ -325,6 +324,24 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
         (measured_overhead - wrapper) / predicted.overhead_s,
         grant_wait_s=None if bare is None else grant_waits(photonic.ranks, set(range(0, config.steps, _BLOCK))),
     )
+
+
+def _host_work(run, config: DemoConfig, before: float | None, after: float | None) -> float | None:
+    """CPU seconds per lightrail iteration the control plane took from the host's cores: the controller's (its
+    process's CPU over the training, per lightrail step; the other replicas' turns cost it only heartbeats) and
+    the ranks' clients' (per rank, its CPU per lightrail step less per step of the controller-less replica, which
+    runs the same wrapper: what the requests, the reader thread and the waits cost; steps left out of the medians
+    left out here too). None without a measurement (not Linux, a controller restart, runs with spares)."""
+    if None in (before, after) or isinstance(run, FailoverRun) or not run.others:
+        return None
+    kept = [k for k in range(config.steps) if k % _BLOCK]
+    clients = 0.0
+    for rank in run.ranks:
+        bare = rank.get("baselines", [None, None])[-1]
+        if not rank.get("cpu_s") or not bare or not bare.get("cpu_s"):
+            return None
+        clients += statistics.fmean(rank["cpu_s"][k] for k in kept) - statistics.fmean(bare["cpu_s"][k] for k in kept)
+    return (after - before) / config.steps + clients
 
 
 def _cpu_s(pid: int) -> float | None:

@@ -26,11 +26,11 @@ def train_worker(rank: int, world: int, config: DemoConfig, baseline: str | tupl
                  context: Agent | None = None) -> dict:
     """Train ``config.steps`` steps as ``rank`` of ``world`` (default group already initialised).
 
-    Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "controller",
-    "step_start_s", "timeline"}``; ``losses`` (step losses averaged over the global batch, float32 values) and
-    ``loss_bits`` (their float32 bit patterns) are empty except on the last pipeline stage; ``timeline`` is the
-    lightrail agent's record of the replica's ops (``Agent.timeline``; empty on gloo), ``step_start_s`` when each
-    step started (the same clock).
+    Returns ``{"rank", "stage", "tp_rank", "dp_rank", "losses", "loss_bits", "iteration_s", "cpu_s", "controller",
+    "step_start_s", "timeline"}`` (``cpu_s``: per step, the process's CPU seconds, every thread's); ``losses``
+    (step losses averaged over the global batch, float32 values) and ``loss_bits`` (their float32 bit patterns)
+    are empty except on the last pipeline stage; ``timeline`` is the lightrail agent's record of the replica's ops
+    (``Agent.timeline``; empty on gloo), ``step_start_s`` when each step started (the same clock).
 
     With ``baseline`` (a backend name, or several), a replica of the model trains on groups of each baseline
     backend in the same processes, the replicas taking turns in blocks of ``block`` steps (the order rotating
@@ -91,10 +91,11 @@ class _Replica:
         self.params = list(self.model.parameters())
         self.optimizer = _Adam(self.params, config.lr)
         self.losses, self.times, self.requests, self.starts = [], [], [], []
+        self.cpu: list[float] = []  # per step, this process's CPU seconds (all threads: the client's reader too)
         self.snapshots: deque = deque(maxlen=3)  # (step, tensors, adam t); only kept with spares
 
     def step(self, step: int) -> None:
-        start, sent = time.perf_counter(), self._requests()
+        start, sent, cpu = time.perf_counter(), self._requests(), time.process_time()
         self.starts.append(start)
         for p in self.params:
             p.grad = None
@@ -102,6 +103,7 @@ class _Replica:
         loss = _sync_gradients(self.config, self.params, loss, self.groups[Dim.DP])
         self.optimizer.step()
         self.times.append(time.perf_counter() - start)
+        self.cpu.append(time.process_time() - cpu)
         self.requests.append(self._requests() - sent)
         if loss is not None:
             self.losses.append(loss)
@@ -136,6 +138,7 @@ class _Replica:
     def _truncate(self, step: int) -> None:
         self.losses = self.losses[: step + 1] if self.stage == self.config.pp - 1 else []
         self.times, self.requests = self.times[: step + 1], self.requests[: step + 1]
+        self.cpu = self.cpu[: step + 1]
         self.starts = self.starts[: step + 1]
 
     def regroup(self, groups: dict) -> None:
@@ -163,6 +166,7 @@ class _Replica:
         self.losses = [float(v) for v in flat[offset + 1:]] if last else []
         # steps this process did not run: no time, no requests of its own
         self.times, self.requests, self.starts = [0.0] * (step + 1), [0] * (step + 1), [0.0] * (step + 1)
+        self.cpu = [0.0] * (step + 1)
         self.snapshots.clear()
         self.snapshot(step)
 
@@ -175,7 +179,7 @@ class _Replica:
         controller["requests_per_step"] = self.requests
         return {"rank": rank, "stage": self.stage, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
                 "losses": self.losses, "loss_bits": [_bits(x) for x in self.losses], "iteration_s": self.times,
-                "controller": controller, "step_start_s": self.starts,
+                "cpu_s": self.cpu, "controller": controller, "step_start_s": self.starts,
                 "timeline": [] if self.ops is None else list(self.ops.timeline)}
 
 
