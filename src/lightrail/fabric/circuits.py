@@ -105,6 +105,7 @@ class CircuitState:
         self._inverse: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(perm) -> (perm, rx_source row)
         self._same: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, bool, int]] = {}
         self._stamps = [0] * devices  # per device, changes so far
+        self._dark: list[float | None] = [0.0] * devices  # per device, when all its ports are lit (None: not one time)
         self._memo: dict[tuple, tuple] = {}  # (question, array ids) -> (its devices' stamps, answer, the arrays)
 
     @property
@@ -138,12 +139,26 @@ class CircuitState:
 
     def all_present(self, dev, tx, rx) -> bool:
         """Whether every one of these circuits is configured: ``present(dev, tx, rx).all()``, remembered."""
-        return self._remembered("present", dev, tx, rx, lambda: bool(np.all(self.tx_target[dev, tx] == rx)))
+        answer = lambda: bool(np.all(self.tx_target[dev, tx] == rx))  # noqa: E731
+        if all(isinstance(a, np.ndarray | int | np.integer) for a in (dev, tx, rx)):
+            rows = [self._row[d] for d in self._device_set(dev)]
+            if all(row is not None for row in rows):  # devices that hold rewritten configurations: a fixed fact
+                key = ("held", *map(id, rows), id(dev), id(tx), id(rx))
+                if key not in self._memo:
+                    if len(self._memo) > _REMEMBERED:
+                        self._memo.clear()
+                    self._memo[key] = (None, answer(), rows, dev, tx, rx)  # the arrays held: their ids theirs
+                return self._memo[key][1]
+        return self._remembered("present", dev, tx, rx, answer)
 
     def lit_at(self, dev, tx, rx) -> float:
         """When every one of these circuits' ports is lit (remembered until one of their devices changes)."""
         if not len(np.atleast_1d(dev)):
             return 0.0
+        if all(isinstance(a, np.ndarray | int | np.integer) for a in (dev, tx, rx)):
+            uniform = [self._dark[d] for d in self._device_set(dev)]
+            if None not in uniform:  # whole devices dark until one time each (rewritten, or never changed)
+                return float(max(uniform))
         return self._remembered("lit", dev, tx, rx,
                                 lambda: float(max(self.tx_dark[dev, tx].max(), self.rx_dark[dev, rx].max())))
 
@@ -180,6 +195,7 @@ class CircuitState:
         for d in devices:
             self._stamps[d] += 1
             self._row[d] = None
+            self._dark[d] = None
 
     def switched_ports(self, dev, tx, rx):
         """Ports that lighting circuits ``tx -> rx`` would switch: (device, tx port) and (device, rx port)
@@ -231,6 +247,7 @@ class CircuitState:
         self.tx_dark[dev] = self.rx_dark[dev] = start + self.delay
         self._changed((dev,))
         self._row[dev] = perm
+        self._dark[dev] = float(self.tx_dark[dev, 0]) if self.tx_dark.shape[1] else 0.0
         return start + self.delay, changed
 
     def holds(self, dev: int, perm: np.ndarray) -> bool:
