@@ -92,10 +92,20 @@ def overhead_breakdown(runs: JobRuns, fabric: RailFabric, params: Policy | Plan,
 
     The parts sum to ``photonic_s - electrical_s`` exactly (each is a difference of two runs).
     """
+    return _parts(photonic_s, electrical_s, *_counterfactuals(runs, fabric, params))
+
+
+def _counterfactuals(runs: JobRuns, fabric: RailFabric, params: Policy | Plan) -> tuple[float, float, float]:
+    """Iteration times without the control plane's latency, then without the switch's delay, then without
+    draining (:func:`overhead_breakdown`)."""
     quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0)
     no_control = runs.run(quiet, params).iteration_time_s
     no_delay = runs.run(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
     no_drain = runs.run(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
+    return no_control, no_delay, no_drain
+
+
+def _parts(photonic_s: float, electrical_s: float, no_control: float, no_delay: float, no_drain: float) -> dict:
     return {"switching_delay_s": no_control - no_delay, "drain_wait_s": no_delay - no_drain,
             "control_plane_s": photonic_s - no_control, "lost_overlap_s": no_drain - electrical_s}
 
@@ -239,15 +249,16 @@ def compare_rails(built: Built, *, ablation: bool = True,
     job, fabric, params = built.job, built.fabric, built.policy
     step = progress or (lambda name: None)
     runs = JobRuns(job)
-    electrical = runs.electrical(fabric)
-    step("electrical")
-    photonic = runs.run(fabric, params)
-    base = electrical.iteration_time_s
-    breakdown = overhead_breakdown(runs, fabric, params, photonic.iteration_time_s, base)
-    step("photonic")
-    ideal = runs.run(replace(fabric, kind="ideal"), params)
-    step("ideal")
-    rows = _ablation(runs, fabric, base, params.mode, step) if ablation else []
+    with _Ablation(runs, fabric, params, step, on=ablation) as rows:
+        electrical = runs.electrical(fabric)
+        step("electrical")
+        photonic = runs.run(fabric, params)
+        base = electrical.iteration_time_s
+        breakdown = overhead_breakdown(runs, fabric, params, photonic.iteration_time_s, base)
+        step("photonic")
+        ideal = runs.run(replace(fabric, kind="ideal"), params)
+        step("ideal")
+        rows = rows.finish(base)
     lay = job.layout
     costs = compare(lay.world, gpus_per_server=lay.gpus_per_server, rail_speed=built.rail_speed, facts=built.costs)
     return RailsComparison(
@@ -286,53 +297,84 @@ def compare_rails(built: Built, *, ablation: bool = True,
 
 
 PARALLEL_GPUS = 4096
-"""Jobs of this many GPUs or more run the ablation's policies in worker processes, forked so that they share the
-built program and the op durations already computed; a smaller job's whole ablation takes less than starting them."""
+"""Jobs of this many GPUs or more run the ablation's policies in worker processes forked as the comparison starts,
+while this process simulates the electrical, photonic and ideal runs; a smaller job's whole ablation takes less than
+starting them."""
 
 _FORKED: dict = {}
 """What forked ablation workers read (:func:`_forked_row`): set just before the pool starts, cleared after."""
 
 
-def _ablation_row(runs: JobRuns, fabric: RailFabric, base: float, mode: Mode, label: str, knobs: dict) -> PolicyRun:
+def _row_runs(runs: JobRuns, fabric: RailFabric, mode: Mode, knobs: dict) -> tuple:
+    """One ablation policy's simulations: (iteration time, reconfigurations and controller round trips per
+    iteration, and the three counterfactual iteration times); what a worker sends back."""
     policy = replace(ORIGINAL, mode=mode, **knobs)
     r = runs.run(fabric, policy)
-    return PolicyRun(policy=label, iteration_time_s=r.iteration_time_s, overhead=r.iteration_time_s / base - 1,
-                     reconfigurations_per_iteration=r.reconfigurations_per_iteration,
-                     controller_round_trips_per_iteration=r.controller_round_trips_per_iteration,
-                     overhead_breakdown_s=overhead_breakdown(runs, fabric, policy, r.iteration_time_s, base))
+    return (r.iteration_time_s, r.reconfigurations_per_iteration, r.controller_round_trips_per_iteration,
+            *_counterfactuals(runs, fabric, policy))
 
 
-def _forked_row(index: int) -> PolicyRun:
-    return _ablation_row(*(_FORKED[k] for k in ("runs", "fabric", "base", "mode")), *ABLATION[index])
+def _policy_run(label: str, base: float, raw: tuple) -> PolicyRun:
+    seconds, reconfigs, round_trips, *counterfactuals = raw
+    return PolicyRun(policy=label, iteration_time_s=seconds, overhead=seconds / base - 1,
+                     reconfigurations_per_iteration=reconfigs, controller_round_trips_per_iteration=round_trips,
+                     overhead_breakdown_s=_parts(seconds, base, *counterfactuals))
 
 
-def _ablation(runs: JobRuns, fabric: RailFabric, base: float, mode: Mode,
-              step: Callable[[str], None]) -> list[PolicyRun]:
-    """The ablation's rows in :data:`ABLATION`'s order; on big jobs one forked worker per core, the rows
-    the same as one process computes (each simulation is deterministic)."""
-    import multiprocessing
-    import os
+def _forked_row(index: int) -> tuple:
+    return _row_runs(*(_FORKED[k] for k in ("runs", "fabric", "mode")), ABLATION[index][1])
 
-    workers = min(len(ABLATION), os.cpu_count() or 1)
-    if runs.job.layout.world < PARALLEL_GPUS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        rows = []
-        for label, knobs in ABLATION:
-            rows.append(_ablation_row(runs, fabric, base, mode, label, knobs))
-            step(label)
+
+class _Ablation:
+    """The ablation's rows in :data:`ABLATION`'s order. On big jobs, the policies whose program or op durations
+    differ from the scenario policy's go to forked workers (one per core) as the comparison starts, and run while
+    this process simulates the electrical, photonic and ideal runs; the rest (sharing this process's program and
+    durations, or the scenario's own policy) run here after them. The rows equal what one process computes (each
+    simulation is deterministic)."""
+
+    def __init__(self, runs: JobRuns, fabric: RailFabric, params: Policy, step: Callable[[str], None], *, on: bool):
+        self.runs, self.fabric, self.params, self.step, self.on = runs, fabric, params, step, on
+        self.pool, self.pending = None, {}
+
+    def __enter__(self) -> _Ablation:
+        import multiprocessing
+        import os
+
+        workers = os.cpu_count() or 1
+        if (not self.on or self.runs.job.layout.world < PARALLEL_GPUS or workers < 2
+                or "fork" not in multiprocessing.get_all_start_methods()):
+            return self
+        from concurrent.futures import ProcessPoolExecutor
+
+        shared = (self.params.defer_dp, self.params.split_pp)
+        away = [i for i, (_, knobs) in enumerate(ABLATION)
+                if (knobs.get("defer_dp", False), knobs.get("split_pp", False)) != shared]
+        if not away:
+            return self
+        _FORKED.update(runs=self.runs, fabric=self.fabric, mode=self.params.mode)
+        try:  # forked now: the workers start from this process's state before its own simulations
+            self.pool = ProcessPoolExecutor(min(workers, len(away)), mp_context=multiprocessing.get_context("fork"))
+            self.pending = {i: self.pool.submit(_forked_row, i) for i in away}
+        finally:
+            _FORKED.clear()
+        return self
+
+    def finish(self, base: float) -> list[PolicyRun]:
+        if not self.on:
+            return []
+        rows: list[PolicyRun | None] = [None] * len(ABLATION)
+        for i, (label, knobs) in enumerate(ABLATION):
+            if i not in self.pending:
+                rows[i] = _policy_run(label, base, _row_runs(self.runs, self.fabric, self.params.mode, knobs))
+                self.step(label)
+        for i, future in self.pending.items():
+            rows[i] = _policy_run(ABLATION[i][0], base, future.result())
+            self.step(ABLATION[i][0])
         return rows
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    _FORKED.update(runs=runs, fabric=fabric, base=base, mode=mode)
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            pending = {pool.submit(_forked_row, i): i for i in range(len(ABLATION))}
-            done: dict[int, PolicyRun] = {}
-            for future in as_completed(pending):
-                done[pending[future]] = future.result()
-                step(ABLATION[pending[future]][0])
-    finally:
-        _FORKED.clear()
-    return [done[i] for i in range(len(ABLATION))]
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=exc[0] is None, cancel_futures=exc[0] is not None)
 
 
 def delay_sweep(built: Built, delays: Sequence[float], *,
