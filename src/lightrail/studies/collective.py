@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from lightrail.collectives import Kind, algorithms, bus_factor, get, verify
 from lightrail.collectives.compressed import compressed_form, verify_compressed
-from lightrail.control.pccl import Planner
 from lightrail.errors import UnsupportedError
-from lightrail.fabric.params import ReconfigurableFabric
 from lightrail.fabric.topology import Topology
 from lightrail.timing import Engine
+
+if TYPE_CHECKING:  # the PCCL planner and its fabric are imported by the reconfigurable case alone (start-up)
+    from lightrail.fabric.params import ReconfigurableFabric
 
 __all__ = ["CollectiveResult", "CollectiveSweep", "ReconfigurableResult", "evaluate", "sweep", "collective_sweep",
            "reconfigurable_collective", "generator_params"]
@@ -208,6 +210,8 @@ def reconfigurable_collective(op: str | Kind, algorithm: str, size: float, fabri
     """Generate and verify ``algorithm`` on ``fabric.n`` ranks, and plan it exactly on ``fabric`` (PCCL-style)."""
     algo = get(op, algorithm)
     schedule = algo(fabric.n, **generator_params(algo.kind, algo.name, params))
+    from lightrail.control.pccl import Planner
+
     proof = verify(schedule)
     planner = Planner(schedule, fabric)
     plan, static, greedy = planner.plan(size), planner.plan_static(size), planner.plan_threshold(size)
