@@ -74,6 +74,14 @@ _REMEMBERED = 4096
 few dozen); past it, it forgets them all."""
 
 
+_INDEX = (np.ndarray, int, np.integer)
+
+
+def _indexes(dev, tx, rx) -> bool:
+    """Whether these are arrays or integers: what :class:`CircuitState` remembers answers for (by identity)."""
+    return isinstance(dev, _INDEX) and isinstance(tx, _INDEX) and isinstance(rx, _INDEX)
+
+
 class CircuitState:
     """Circuits of ``devices`` switches of ``ports`` ports each, as arrays (no I/O, no clock of its own).
 
@@ -140,7 +148,7 @@ class CircuitState:
     def all_present(self, dev, tx, rx) -> bool:
         """Whether every one of these circuits is configured: ``present(dev, tx, rx).all()``, remembered."""
         answer = lambda: bool(np.all(self.tx_target[dev, tx] == rx))  # noqa: E731
-        if all(isinstance(a, np.ndarray | int | np.integer) for a in (dev, tx, rx)):
+        if _indexes(dev, tx, rx):
             rows = [self._row[d] for d in self._device_set(dev)]
             if all(row is not None for row in rows):  # devices that hold rewritten configurations: a fixed fact
                 key = ("held", *map(id, rows), id(dev), id(tx), id(rx))
@@ -155,7 +163,7 @@ class CircuitState:
         """When every one of these circuits' ports is lit (remembered until one of their devices changes)."""
         if not len(np.atleast_1d(dev)):
             return 0.0
-        if all(isinstance(a, np.ndarray | int | np.integer) for a in (dev, tx, rx)):
+        if _indexes(dev, tx, rx):
             uniform = [self._dark[d] for d in self._device_set(dev)]
             if None not in uniform:  # whole devices dark until one time each (rewritten, or never changed)
                 return float(max(uniform))
@@ -164,7 +172,7 @@ class CircuitState:
 
     def _remembered(self, question: str, dev, tx, rx, answer):
         """``answer()``, or what it gave for the same arrays while none of their devices has changed since."""
-        if not all(isinstance(a, np.ndarray | int | np.integer) for a in (dev, tx, rx)):
+        if not _indexes(dev, tx, rx):
             return answer()
         devices = self._device_set(dev)
         stamps = tuple([self._stamps[d] for d in devices])
@@ -289,7 +297,8 @@ class CircuitState:
         """Traffic on circuits ``tx -> rx`` until ``until``. Applied to ``tx_busy`` / ``rx_busy`` when they are
         next read (arrays, kept unchanged by the caller, that name the same circuits each time are applied once
         with their latest end); one value for all ports, so a repeated port gets the same maximum."""
-        if not all(isinstance(a, np.ndarray) for a in (dev, tx, rx)):  # scalars, lists: applied now
+        if not (isinstance(dev, np.ndarray) and isinstance(tx, np.ndarray) and isinstance(rx, np.ndarray)):
+            # scalars, lists: applied now
             self._tx_busy[dev, tx] = np.maximum(self._tx_busy[dev, tx], until)
             self._rx_busy[dev, rx] = np.maximum(self._rx_busy[dev, rx], until)
             self._busy_device[dev] = np.maximum(self._busy_device[dev], until)
