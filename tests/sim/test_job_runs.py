@@ -1,0 +1,25 @@
+"""JobRuns simulates each (fabric, policy) once: the ablation's last row and the scenario's own policy, and a delay
+sweep's zero-delay counterfactuals, reuse one simulation; the answer is the one a fresh simulation gives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from lightrail.scenario import load_scenario
+from lightrail.studies.rails import JobRuns
+
+TINY = Path(__file__).resolve().parents[2] / "examples" / "debug-tiny.yaml"
+
+
+def test_one_simulation_per_fabric_and_policy_equal_to_a_fresh_one():
+    scenario, base = load_scenario(TINY)
+    built = scenario.build(base)
+    runs = JobRuns(built.job)
+    first = runs.run(built.fabric, built.policy)
+    assert runs.run(built.fabric, replace(built.policy)) is first  # an equal policy: the same run
+    fresh = JobRuns(built.job)(built.fabric, built.policy)
+    assert fresh.iteration_time_s == first.iteration_time_s
+    assert fresh.summary() == first.summary()
+    other = runs.run(replace(built.fabric, reconfig_delay=0.0), built.policy)
+    assert other is not first  # another fabric: its own simulation
