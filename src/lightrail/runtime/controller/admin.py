@@ -173,9 +173,22 @@ def admin_app(controller: Controller, *, token: str | None = None, server: RankS
     async def jobs():
         return controller.jobs_view()
 
+    issued: dict[str, tuple[int, int, str]] = {}  # job -> (world, spares, token) while no rank said hello with it
+
     @app.post("/jobs")
     async def register(body: NewJob):
+        # A POST retried after its reply was lost gets the first one's answer (issue 31), not a second registration
+        # that voids the token the first issued: same job, same world and spares, that token still the job's, and
+        # no rank has said hello yet (after one, registering again starts the job afresh, as before). The token is
+        # kept in memory only (the state file holds its sha256): a retry across a controller restart gets a new one.
+        for name in [j for j in issued if controller.jobs.get(j, {}).get("ranks", True)]:
+            del issued[name]  # ended, or running: no retry of its registration is answered from here
+        prior = issued.get(body.job)
+        if prior is not None and prior[:2] == (body.world, body.spares) and controller.authenticate(body.job, prior[2]):
+            _log("job_registered", job=body.job, world=body.world, spares=body.spares, repeated=True)
+            return {"job": body.job, "world": body.world, "spares": body.spares, "token": prior[2]}
         secret = controller.register_job(body.job, body.world, body.spares)
+        issued[body.job] = (body.world, body.spares, secret)
         _log("job_registered", job=body.job, world=body.world, spares=body.spares)
         return {"job": body.job, "world": body.world, "spares": body.spares, "token": secret}
 
