@@ -188,3 +188,18 @@ def test_every_driven_verb_has_small_settings():
     """A verb without small settings would run its (long) defaults whenever a hostile value is benign."""
     missing = [v for v in DRIVEN if v not in BASE and any(_kind(p) in (int, float) for p in VERBS[v].params)]
     assert not missing, f"add small settings for {missing} to BASE"
+
+
+def test_a_memory_error_in_a_verb_is_one_line_and_exit_2(monkeypatch, tmp_path):
+    """A size no bound caught (issue 31): the verb's MemoryError is one line naming the likely cause, exit 2."""
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr("lightrail.cli.check.built_scenario", exhausted)
+    _scratch(tmp_path)
+    with contextlib.chdir(tmp_path):
+        result = runner.invoke(app, ["check", "tiny.yaml"])
+    assert result.exit_code == 2 and not isinstance(result.exception, MemoryError), result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory") and "docs/limits.md" in lines[0], lines
+    assert "Traceback" not in result.output

@@ -112,6 +112,11 @@ def friendly(fn):
             e.field = _flag(e.field)
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except MemoryError:  # a size no bound caught yet: one line, not a traceback (issue 31)
+            err.print("[bold red]error:[/] out of memory: the input is too large for this machine (a topology, "
+                      "grid, range or model size); make it smaller (docs/limits.md lists the bounds)", highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(2) from None
 
     return wrapper
 
