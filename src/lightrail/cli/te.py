@@ -35,13 +35,16 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed of the traffic, the view
 SlicerOpt = Annotated[str, typer.Option("--slicer", help="contiguous, randomized or optimal.")]
 
 
-def require_te() -> None:
-    """The optional extra ``te`` (HiGHS, cvxpy, topohub): without it, one line naming the fix."""
+def require_te(lam: float = 0.0) -> None:
+    """What a TE run needs of the optional extra ``te``: HiGHS (``highspy``: every LP, and ``te.formulations``
+    imports it) and, for a regularized run (``lam > 0``), Clarabel, the sparse QP's solver (``te/qp.py``; cvxpy is
+    no longer used). ``topohub`` only for a named topology, which ``te.inputs`` asks for itself (a topology .json
+    file needs none). Without one: one line naming the fix."""
     import importlib
 
     from lightrail.errors import LightrailError
 
-    for name in ("highspy", "cvxpy", "topohub"):
+    for name in ("highspy", "clarabel") if lam > 0 else ("highspy",):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -86,7 +89,7 @@ def te_setup(*, topology: str, slices: int, lam: float, perturbation: float, obj
     """A checked TeSetup from the shared options (its errors name the flags)."""
     check_te_sizes(paths=paths, load=load, matrices=matrices)
     check_lambda(lam)
-    require_te()
+    require_te(lam)
     from lightrail.studies.te import TeSetup
     from lightrail.te.formulations import Objective
     from lightrail.te.slicing import Slicer
