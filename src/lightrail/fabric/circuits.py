@@ -102,9 +102,10 @@ class CircuitState:
     def __init__(self, devices: int, ports: int, delay: float = 0.0):
         shape = (devices, ports)
         self.delay = float(delay)
-        self.tx_target = np.full(shape, -1, np.int64)
-        self.rx_source = np.full(shape, -1, np.int64)
-        self.tx_dark, self.rx_dark = np.zeros(shape), np.zeros(shape)
+        self._tx_target = np.full(shape, -1, np.int64)
+        self._rx_source = np.full(shape, -1, np.int64)
+        self._tx_dark, self._rx_dark = np.zeros(shape), np.zeros(shape)
+        self._rewritten: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}  # dev -> (perm, its inverse, dark)
         self._tx_busy, self._rx_busy = np.zeros(shape), np.zeros(shape)
         self._busy_device = np.zeros(devices)  # per device, the latest end of traffic on any of its ports
         self._pending: dict[tuple[int, int, int], list] = {}  # circuits' array ids -> [dev, tx, rx, until]
@@ -115,6 +116,40 @@ class CircuitState:
         self._stamps = [0] * devices  # per device, changes so far
         self._dark: list[float | None] = [0.0] * devices  # per device, when all its ports are lit (None: not one time)
         self._memo: dict[tuple, tuple] = {}  # (question, array ids) -> (its devices' stamps, answer, the arrays)
+
+    @property
+    def tx_target(self) -> np.ndarray:
+        """``tx_target[d, i]``: the receiver port lit from transmitter i of device d (-1: dark)."""
+        self._settle()
+        return self._tx_target
+
+    @property
+    def rx_source(self) -> np.ndarray:
+        """The inverse of ``tx_target``: the transmitter lighting each receiver (-1: none)."""
+        self._settle()
+        return self._rx_source
+
+    @property
+    def tx_dark(self) -> np.ndarray:
+        """When each transmitter is lit again after a change."""
+        self._settle()
+        return self._tx_dark
+
+    @property
+    def rx_dark(self) -> np.ndarray:
+        """When each receiver is lit again after a change."""
+        self._settle()
+        return self._rx_dark
+
+    def _settle(self) -> None:
+        """Write the rows of the whole-device rewrites not written yet (a rewrite is a few numbers until read:
+        the original Opus rewrites rails thousands of times an iteration and reads them through the
+        remembered answers)."""
+        if self._rewritten:
+            for dev, (perm, source, dark) in self._rewritten.items():
+                self._tx_target[dev], self._rx_source[dev] = perm, source
+                self._tx_dark[dev] = self._rx_dark[dev] = dark
+            self._rewritten.clear()
 
     @property
     def tx_busy(self) -> np.ndarray:
@@ -250,12 +285,11 @@ class CircuitState:
             lit = np.flatnonzero(perm >= 0)
             source[perm[lit]] = lit
             self._inverse[id(perm)] = (perm, source)
-        self.tx_target[dev] = perm
-        self.rx_source[dev] = self._inverse[id(perm)][1]
-        self.tx_dark[dev] = self.rx_dark[dev] = start + self.delay
+        dark = start + self.delay
+        self._rewritten[dev] = (perm, self._inverse[id(perm)][1], dark)  # written when the arrays are next read
         self._changed((dev,))
         self._row[dev] = perm
-        self._dark[dev] = float(self.tx_dark[dev, 0]) if self.tx_dark.shape[1] else 0.0
+        self._dark[dev] = float(dark)  # the float64 the row will hold
         return start + self.delay, changed
 
     def holds(self, dev: int, perm: np.ndarray) -> bool:
