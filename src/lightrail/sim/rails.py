@@ -14,17 +14,10 @@ from lightrail.fabric.params import RailFabric
 __all__ = ["Rails"]
 
 
-def _rail_runs(rail: np.ndarray, rails: int) -> list[tuple[int, int, int]]:
-    """``(r, a, z)``: ``rail[a:z]`` are all ``r``, covering ``rail``. The planner's circuits are sorted by rail, and
-    the ports a change switches are its circuits then their old peers: two sorted runs, each cut at its rails."""
-    if not len(rail):
-        return []
-    starts = [0, *(np.flatnonzero(rail[1:] < rail[:-1]) + 1).tolist(), len(rail)]
-    out = []
-    for a, z in zip(starts[:-1], starts[1:], strict=True):
-        edges = (np.searchsorted(rail[a:z], np.arange(rails + 1)) + a).tolist()
-        out.extend((r, edges[r], edges[r + 1]) for r in range(rails) if edges[r + 1] > edges[r])
-    return out
+def _rail_runs(rail: np.ndarray) -> np.ndarray:
+    """Where each run of equal values of ``rail`` starts (``rail`` not empty). The planner's circuits are sorted by
+    rail, and the ports a change switches are its circuits then their old peers: a few runs per rail at most."""
+    return np.flatnonzero(np.concatenate([[True], rail[1:] != rail[:-1]]))
 
 
 class Rails:
@@ -82,10 +75,11 @@ class Rails:
         busy, held = np.zeros(rails), np.zeros(rails, bool)
         for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
-            end, leased = when[rail, port], lease[rail, port] >= 0
-            for r, a, z in _rail_runs(rail, rails):  # slices of a few rails' runs: no ufunc.at, no masks
-                busy[r] = max(busy[r], end[a:z].max())
-                held[r] |= leased[a:z].any()
+            if not len(rail):
+                continue
+            starts = _rail_runs(rail)  # reduced run by run, then the few runs per rail (no ufunc.at over ports)
+            np.maximum.at(busy, rail[starts], np.maximum.reduceat(when[rail, port], starts))
+            np.logical_or.at(held, rail[starts], np.logical_or.reduceat(lease[rail, port] >= 0, starts))
         if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
             return busy + half
         # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
