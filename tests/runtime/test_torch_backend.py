@@ -237,7 +237,7 @@ def _canned(config: DemoConfig, *, ocs_delay_s: float, policy: Policy, **_) -> P
     """A train-demo result without training: the verb's parsing, reporting and files, in milliseconds."""
     mode, leases = policy.mode, policy.leases
     predicted = Prediction(0.11, 0.1, 0.01, 4.0, 4.0, {"exposed_reconfiguration_s": 0.01}, 0.5, 4e-4, leases,
-                           "gpipe")
+                           "gpipe", switch_grant_latency_s=3e-3, host_cores=2, host_work_s=0.02)
     return PhotonicDemoResult(
         ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps, gpus_per_server=2, rails=2,
         ocs_delay_s=ocs_delay_s, mode=mode, leases=leases, gloo_iteration_s=0.1, lightrail_iteration_s=0.12,
@@ -283,6 +283,8 @@ def test_train_demo_table_reports_the_typed_result(monkeypatch, tmp_path):
     flat = "".join(r.output.split())  # long lines wrap at the console's width, a long path even mid-word
     for text in ("train-demo: 8 CPU ranks (TP2 PP2 DP2), 2 rails, OCS 5ms, provisioned", "iteration (median)",
                  "20ms (+20.0%)", "measured / predicted overhead: 2.00x", "leases on", "losses identical: yes",
+                 "compute on 2 shared cores (processor sharing); the control plane's CPU on them 20ms per iteration; "
+                 "3ms from a switch's end to its grant",
                  f"wrote {tmp_path / 'train-demo.json'}, {tmp_path / 'iterations.png'}"):
         assert "".join(text.split()) in flat, text
 

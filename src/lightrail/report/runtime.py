@@ -56,6 +56,11 @@ def print_train_demo(result: PhotonicDemoResult, console: Console, *, wrote: Seq
                       f"{format_time(result.wrapper_overhead_s)}; circuits and controller "
                       f"{format_time(result.fabric_overhead_s)}, {'n/a' if fabric is None else f'{fabric:.2f}x'} "
                       f"the model's", highlight=False)
+    if p.host_cores:
+        work, lag = p.host_work_s, p.switch_grant_latency_s
+        console.print(f"the model's emulation: compute on {p.host_cores} shared cores (processor sharing); the control "
+                      f"plane's CPU on them {'n/a' if work is None else format_time(work)} per iteration; "
+                      f"{'n/a' if lag is None else format_time(lag)} from a switch's end to its grant", highlight=False)
     lat = result.request_latency_p99_s
     console.print(f"controller request latency p99 {format_time(lat) if lat else 'n/a'}; losses identical: "
                   f"{'yes' if result.losses_identical else 'NO'}; unsafe reconfigurations: "
