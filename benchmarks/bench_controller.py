@@ -9,7 +9,8 @@ Run: .venv/bin/python benchmarks/bench_controller.py [--rounds 300]
 
 ``--grant-latency`` runs only :func:`grant_latency`: the train-demo's job (8 ranks on 4 servers, 2 rails, leases on)
 as 8 client processes against a controller with a 2 ms OCS, and prints the controller's grant latency by kind
-(``grant_latency_s``: lit, revoke, switch, switch_overhead), the revoke round trip (``revoke_rtt_s``) and the ranks'
+(``grant_latency_s``: lit, revoke, switch, switch_overhead and its two parts switch_lag_before, ready to the switch's
+start, and switch_lag_after, the switch's end to the grant), the revoke round trip (``revoke_rtt_s``) and the ranks'
 check-in round trip (``check_in_rtt_s``), each as p50 and p90 in seconds.
 
 By default ``--ranks N`` measures the controller as it is configured for that scale, on a load generator that
@@ -1026,6 +1027,8 @@ def grant_latency(tmp: Path, iterations: int, ocs_delay: str, *, op_s: float = 0
     kinds = {kind: _metric_quantiles(text, "lightrail_grant_latency_seconds", f'kind="{kind}"')
              for kind in ("lit", "revoke", "switch")}
     kinds["switch_overhead"] = _metric_quantiles(text, "lightrail_grant_overhead_seconds", 'kind="switch"')
+    for side in ("before", "after"):  # the overhead split where it acts: ready -> switch start, switch end -> grant
+        kinds[f"switch_lag_{side}"] = _metric_quantiles(text, "lightrail_switch_lag_seconds", f'kind="{side}"')
     return {"ranks": world, "servers": servers, "rails": GRANT_TP, "layout": "tp=2 dp=2 pp=2, leases on pp and dp",
             "ocs_delay": ocs_delay, "op_s": op_s, "compute_s": compute_s,
             "iterations": min(p["iterations"] for p in parts),
