@@ -107,3 +107,20 @@ def test_a_switch_over_before_the_acquire_adds_no_lag():
     assert f0.duration > 20e-3  # long enough to hide the switch
     assert _wait(base) == pytest.approx(1e-3, rel=1e-9)
     assert _wait(lag) == pytest.approx(1e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("leases, per_stage, per_group", [(True, 3, 4), (False, 4, 6)])
+def test_switches_are_also_counted_per_group_as_the_controller_counts_them(leases, per_stage, per_group):
+    """The train-demo's job (tp = dp = pp = 2, 2 GPUs per server: 2 rails of 4 ports). Per rail and iteration the
+    model switches once per stage's phase: pp (both directions leased, or forward and backward apart), then each
+    stage's dp. The controller switches each group: 2 pipeline pairs per rail and direction, 1 dp ring per stage."""
+    built = parse_scenario({"name": "t", "model": {"preset": "debug", "overrides": {"layers": 4}},
+                            "cluster": {"gpus": 8, "gpus_per_server": 2}, "parallel": {"tp": 2, "pp": 2, "dp": 2},
+                            "job": {"micro_batches": 4, "schedule": "gpipe", "megatron_step": False, "dp_buckets": 1},
+                            "ocs": {"reconfig_delay": "10ms"}}).build()
+    policy = replace(LIGHTRAIL, mode="on-demand", split_pp=False, leases=leases)
+    r = simulate_iteration(build_program(built.job, defer_dp=True), built.fabric, policy)
+    assert r.reconfigurations_per_rail == [per_stage, per_stage]
+    assert r.group_reconfigurations_per_rail == [per_group, per_group]
+    electrical = simulate_iteration(build_program(built.job), replace(built.fabric, kind="electrical"))
+    assert electrical.group_reconfigurations_per_rail == [0, 0]

@@ -67,6 +67,20 @@ _CPU = np.array([-1])
 """The emulation host's cores as one link of the flow-level sharing (``fabric.host_cores``; network links are >= 0)."""
 
 
+def _components(tx: np.ndarray, rx: np.ndarray) -> int:
+    """Connected sets of the servers that circuits ``tx[i] -> rx[i]`` join (either direction)."""
+    parent: dict[int, int] = {}
+
+    def root(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in zip(tx.tolist(), rx.tolist(), strict=True):
+        parent[root(a)] = root(b)
+    return len({root(x) for x in list(parent)})
+
+
 @dataclass(frozen=True)
 class TraceEvent:
     track: str
@@ -99,11 +113,20 @@ class IterationResult:
     per check-in, a release after each op without leases, an ack per lease revoked, a prepare per new
     configuration in provisioned mode; mean over ranks."""
     plan: Plan | None = field(repr=False, default=None)
+    group_reconfigurations_per_rail: list[int] = field(default_factory=list)
+    """Per rail, the reconfigurations as a runtime's controller counts them: one per group whose circuits a switch
+    changes (the pipeline pairs, the DP rings of the stage that asked), where ``reconfigurations_per_rail``
+    counts one per stage's switch."""
 
     @property
     def reconfigurations_per_iteration(self) -> float:
         """Mean reconfigurations of one rail switch per iteration."""
         return float(np.mean(self.reconfigurations_per_rail)) if self.reconfigurations_per_rail else 0.0
+
+    @property
+    def group_reconfigurations_per_iteration(self) -> float:
+        """:attr:`group_reconfigurations_per_rail`'s mean."""
+        return float(np.mean(self.group_reconfigurations_per_rail)) if self.group_reconfigurations_per_rail else 0.0
 
     def summary(self) -> dict:
         return {
@@ -192,6 +215,8 @@ class _Iteration:
         """Reconfigurations before this index of ``_Rails.reconfigs`` belong to earlier iterations."""
         self.acks_mark: list[int] = [0] * stages
         """``_Rails.acks`` when the iteration started."""
+        self.group_switches: dict[int, int] = {}
+        """Per rail, switches as a runtime counts them: one per group (see ``_count_groups``)."""
         for stage in range(stages):
             self.push(start, stage)
 
@@ -415,8 +440,11 @@ class _Simulation:
                 theirs = peer is not None and self._check_in(peer, req, receiver=True)
                 if mine or theirs:
                     ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
-                    lit = self.rails.ensure(self._pair(req) if peer is not None and leases else req,
-                                            ask + rtt / 2 + command)
+                    target = self._pair(req) if peer is not None and leases else req
+                    mark, missing = len(self.rails.reconfigs), self._missing(target)
+                    lit = self.rails.ensure(target, ask + rtt / 2 + command)
+                    if len(self.rails.reconfigs) > mark:
+                        self._count_groups(it, missing, self.rails.reconfigs[mark:])
                     # the controller grants at once a rank asking after the switch ended, else at its end plus its
                     # own lag (``fabric.switch_grant``); the grant reaches the rank half a round trip later
                     after = self.fabric.switch_grant if lit > now + rtt / 2 else 0.0
@@ -477,6 +505,22 @@ class _Simulation:
         it.totals[s].compute += end - start
         it.push(end, s)
 
+    def _missing(self, req: Requirement) -> tuple:
+        """The circuits of ``req`` not configured now: (rail, tx, rx) arrays."""
+        rail, tx, rx = req.circuits
+        keep = ~self.rails.state.present(rail, tx, rx) if len(rail) else np.zeros(0, bool)
+        return rail[keep], tx[keep], rx[keep]
+
+    @staticmethod
+    def _count_groups(it: _Iteration, missing: tuple, reconfigs: list) -> None:
+        """A stage's switch on a rail changes the circuits of several of the runtime's groups at once (a pipeline
+        pair per rank on the rail, a DP ring, ...), and the controller switches and counts each group on its own:
+        count one per group, a group being a connected set of the missing circuits' servers (a pair, a ring)."""
+        rail, tx, rx = missing
+        for r in {int(rec[0]) for rec in reconfigs}:
+            sel = rail == r
+            it.group_switches[r] = it.group_switches.get(r, 0) + max(1, _components(tx[sel], rx[sel]))
+
     def _pair(self, req: Requirement) -> Requirement:
         """A send's circuits and the reverse ones, where its phase is one configuration holding both: the runtime
         leases a stage pair's group (``pp:a<->b``) whole, both directions lit at its first acquire."""
@@ -532,4 +576,6 @@ class _Simulation:
                                per_rail if self.fabric.circuits else [0] * self.layout.gpus_per_server,
                                events, stages, control_s=mean["control_s"],
                                controller_round_trips_per_iteration=mean["round_trips"],
-                               controller_requests_per_iteration=mean["requests"], plan=self.plan)
+                               controller_requests_per_iteration=mean["requests"], plan=self.plan,
+                               group_reconfigurations_per_rail=[it.group_switches.get(r, 0) if self.fabric.circuits
+                                                                else 0 for r in range(len(per_rail))])

@@ -153,7 +153,8 @@ class PhotonicDemoResult:
         return [Row("iteration (median)", "s", self.gloo_iteration_s, self.lightrail_iteration_s, p.iteration_s),
                 Row("overhead per iteration", "s", None, self.overhead_s, p.overhead_s, relative=self.overhead),
                 Row("reconfigurations / rail / iteration", "1", None, self.reconfigurations_per_rail_per_iteration,
-                    p.reconfigurations_per_rail_per_iteration),
+                    p.reconfigurations_per_rail_per_iteration if p.group_reconfigurations_per_rail_per_iteration is None
+                    else p.group_reconfigurations_per_rail_per_iteration),  # counted per group, as the controller
                 Row("controller requests / rank / iteration", "1", None, self.controller_requests_per_iteration,
                     p.controller_requests_per_iteration if p.controller_requests_per_iteration is not None
                     else p.controller_round_trips_per_iteration)]

@@ -115,7 +115,11 @@ class Prediction:
     host_cores: int | None = None
     """The cores the ranks' processes shared (``RailFabric.host_cores``: compute under processor sharing), or None."""
     host_work_s: float | None = None
-    """CPU seconds per iteration the controller spent on those cores (measured), or None."""
+    """CPU seconds per iteration the control plane (the controller, the ranks' clients) spent on those cores
+    (measured), or None."""
+    group_reconfigurations_per_rail_per_iteration: float | None = None
+    """Switches per rail as the controller counts them, one per group (``reconfigurations_per_rail_per_iteration``
+    counts one per stage's switch, which changes several groups' circuits at once)."""
 
     def to_dict(self) -> dict:
         return {"iteration_s": self.iteration_s, "electrical_iteration_s": self.electrical_iteration_s,
@@ -127,7 +131,8 @@ class Prediction:
                 "revoke_rtt_s": self.revoke_rtt_s, "command_latency_s": self.command_latency_s,
                 "controller_requests_per_iteration": self.controller_requests_per_iteration,
                 "switch_grant_latency_s": self.switch_grant_latency_s, "host_cores": self.host_cores,
-                "host_work_s": self.host_work_s}
+                "host_work_s": self.host_work_s,
+                "group_reconfigurations_per_rail_per_iteration": self.group_reconfigurations_per_rail_per_iteration}
 
 
 def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO_POLICY) -> Plan:
@@ -171,7 +176,7 @@ def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: flo
                       result.controller_round_trips_per_iteration, breakdown, peak_tflops,
                       control.get("check_in_rtt"), plan.leases, "gpipe", control.get("revoke_rtt"),
                       control.get("command_latency"), result.controller_requests_per_iteration, after, host_cores,
-                      host_work_s)
+                      host_work_s, result.group_reconfigurations_per_iteration)
 
 
 def host_cores() -> int:
