@@ -90,4 +90,6 @@ def test_host_work_is_the_controllers_cpu_and_the_clients_cpu_beyond_the_bare_wr
     run = DemoRun(config, 8, replica, ranks, baseline=replica, others=(replica,))
     assert _host_work(run, config, 1.0, 1.3) == pytest.approx(0.3 / 10 + 8 * 0.002)
     assert _host_work(run, config, None, 1.3) is None  # not measured (no /proc)
+    swapped = tuple({**r, "cpu_s": bare, "baselines": [{"cpu_s": main}, {"cpu_s": main}]} for r in ranks)
+    assert _host_work(replace(run, ranks=swapped), config, 1.0, 1.3) == pytest.approx(0.3 / 10)  # noise below 0
     assert _host_work(replace(run, others=()), config, 1.0, 1.3) is None  # no controller-less replica

@@ -342,7 +342,7 @@ def _host_work(run, config: DemoConfig, before: float | None, after: float | Non
         if not rank.get("cpu_s") or not bare or not bare.get("cpu_s"):
             return None
         clients += statistics.fmean(rank["cpu_s"][k] for k in kept) - statistics.fmean(bare["cpu_s"][k] for k in kept)
-    return (after - before) / config.steps + clients
+    return (after - before) / config.steps + max(0.0, clients)  # a difference of noisy means: never below 0
 
 
 def _cpu_s(pid: int) -> float | None:
