@@ -876,6 +876,10 @@ class Scripted:
             return [m for m in self.lines[conn] if m["op"] != "heartbeat"]
 
     def close(self) -> None:
+        try:  # wakes the accept thread: a listener closed under a blocked accept() would go on queueing connections
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         for c in self.conns:
             try:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lightrail.errors import InfeasibleError
+from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.client import ControllerClient, ControllerError
 
 
@@ -206,9 +206,11 @@ def test_refusals_and_failover_pushes_reach_the_caller(scripted, until):
 
 
 def test_a_frozen_controller_is_found_by_heartbeat_and_waits_end_in_one_line(scripted, until):
+    """A controller that accepts and never answers is stalled, not gone: the client waits on one connection past
+    ``reconnect_timeout`` up to ``stall_timeout``, then every wait raises one line naming the bound."""
     ctl = scripted()
     c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=2, timeout=600, heartbeat_timeout=0.2,
-                         reconnect_timeout=1.0)
+                         reconnect_timeout=0.3, stall_timeout=1.0)
     try:
         c.hello(4, {"rail0": 2})
         until(lambda: any(m["op"] == "heartbeat" for m in ctl.lines[0]), "a heartbeat")
@@ -219,8 +221,8 @@ def test_a_frozen_controller_is_found_by_heartbeat_and_waits_end_in_one_line(scr
             c.wait(request)  # the client's own 600 s timeout is not what ends it
         text = str(e.value)
         assert e.value.field == "controller" and "\n" not in text
-        assert "reconnect_timeout 1 s" in text and "no heartbeat reply" in text
-        assert len(ctl.lines) >= 2  # it tried again (and the hello went unanswered)
+        assert "stall_timeout 1 s" in text and "stalled" in text and "no heartbeat reply" in text
+        assert len(ctl.lines) == 2 and c.stalls == 1  # one hello, waiting on its connection (no stale ones queued)
         # the silent connection stayed open while it tried (a hello on a new one takes it over, so a controller
         # that was only slow does not see the rank fail), and was closed when it gave up
         until(lambda: 0 in ctl.ended, "the old connection to be closed")
@@ -263,3 +265,33 @@ def test_a_controller_that_keeps_dropping_the_connection_is_not_hammered(scripte
         assert 2 <= c.reconnects <= 8 and len(ctl.lines) <= 10
     finally:
         c.close()
+
+
+def test_a_stalled_controller_is_waited_for_past_reconnect_timeout(scripted, until, caplog):
+    """Issue 31: a controller stopped longer than ``reconnect_timeout`` (its kernel still accepts) is waited for;
+    its hello answered once it runs again, the rank goes on where it was, with one log line for the stall."""
+    ctl = scripted()
+    c = ControllerClient("127.0.0.1", ctl.port, job="j", rank=2, timeout=600, heartbeat_timeout=0.1,
+                         reconnect_timeout=0.2)
+    try:
+        c.hello(4, {"rail0": 2})
+        ctl.accepting.clear()  # stopped: new connections wait in the queue, unread
+        ctl.frozen = True
+        request = c.send("acquire", job="j", rank=2, key="dp")
+        until(lambda: c.stalls == 1, "the client to find the controller stalled")
+        time.sleep(1.0)  # five times reconnect_timeout
+        assert c.wait  # (still waiting: nothing raised yet)
+        ctl.frozen = False
+        ctl.accepting.set()  # running again: the queued hello is read and answered
+        assert c.wait(request)["ok"]
+        assert c.reconnects == 1 and c.stalls == 1 and len(ctl.lines) == 2  # one reconnect, on one connection
+        stalled = [r for r in caplog.records if "stall_timeout" in r.getMessage()]
+        assert len(stalled) == 1 and "rank 2 of job 'j'" in stalled[0].getMessage()
+    finally:
+        c.close()
+
+
+def test_stall_timeout_must_be_non_negative():
+    with pytest.raises(ScenarioError) as e:
+        ControllerClient("127.0.0.1", 1, job="j", rank=0, stall_timeout=-1)
+    assert e.value.field == "stall_timeout"

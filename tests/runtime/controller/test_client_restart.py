@@ -104,10 +104,12 @@ def _admin_jobs(info: dict) -> dict:
 
 
 def test_a_frozen_controller_ends_waits_in_one_line_within_the_bound(spawn, tmp_path):
+    """SIGSTOP: its kernel still accepts, so the controller is stalled, not gone: waited for up to stall_timeout
+    (past reconnect_timeout), then one line naming that bound (issue 31)."""
     proc, info = spawn(tmp_path / "c.db")
     token = _register(info, "train", 2)
     c = ControllerClient("127.0.0.1", info["port"], job="train", rank=0, token=token, timeout=600,
-                         heartbeat_timeout=0.5, reconnect_timeout=2.0)
+                         heartbeat_timeout=0.5, reconnect_timeout=1.0, stall_timeout=2.0)
     peer = ControllerClient("127.0.0.1", info["port"], job="train", rank=1, token=token, heartbeat_timeout=None)
     try:
         peer.hello(2, {"rail0": 1})
@@ -116,9 +118,10 @@ def test_a_frozen_controller_ends_waits_in_one_line_within_the_bound(spawn, tmp_
         request = c.send("acquire", job="train", rank=0, key="pair")  # waits for rank 1, who never comes
         proc.send_signal(signal.SIGSTOP)
         with pytest.raises(InfeasibleError) as e:
-            c.wait(request)  # within heartbeat_timeout + reconnect_timeout, not the 600 s timeout
+            c.wait(request)  # within heartbeat_timeout + stall_timeout, not the 600 s timeout
         assert e.value.field == "controller" and "\n" not in str(e.value)
-        assert "no heartbeat reply within 0.5 s" in str(e.value) and "reconnect_timeout 2 s" in str(e.value)
+        assert "no heartbeat reply within 0.5 s" in str(e.value) and "stall_timeout 2 s" in str(e.value)
+        assert "stalled" in str(e.value) and c.stalls == 1
     finally:
         proc.send_signal(signal.SIGCONT)
         c.close()
