@@ -153,7 +153,7 @@ class Controller(Switching, FailoverLogic):
         self.dead: set[tuple[str, int]] = store.dead_ports()
         # After a restart, groups and holders are gone (ranks re-declare them and send ``hold``), so a rank
         # may be inside an op on a lit circuit the controller does not know is held: the ports of every
-        # restored rank are not switched until it resumes (its first acquire, prepare, release or ack,
+        # restored rank are not switched until it resumes (its first acquire, prepare, release, ack or heartbeat,
         # which the client sends after its holds) or ``resync_grace`` seconds pass.
         self.unsynced: dict[tuple[str, int], tuple[str, int]] = {
             (d, p): (job, rank) for job, info in self.jobs.items() for rank, ports in info["ranks"].items()
@@ -359,6 +359,7 @@ class Controller(Switching, FailoverLogic):
             if freed:
                 self._schedule()
             return fut
+        self._back_in_lease(g, m.rank, op_no if m.op == "acquire" else None)
         if g.lease is not None and m.op == "acquire" and m.rank in g.ops and (
                 not g.revoking or g.started() > g.ops[m.rank]):
             fut = self._wait(g, m.rank)
@@ -376,6 +377,7 @@ class Controller(Switching, FailoverLogic):
         if m.op == "acquire":
             g.acquirers.add(m.rank)
             (g.lease_asks.add if m.lease else g.lease_asks.discard)(m.rank)
+            g.lease_op[m.rank] = op_no
             if getattr(m, "rejoin", False):  # a later hold lets it join only a round in the same op (_may_join)
                 g.rejoins[m.rank] = op_no
             else:
@@ -396,10 +398,14 @@ class Controller(Switching, FailoverLogic):
         if self.unsynced:
             self._resync(m.job, m.rank)
         if g.lease is not None and m.rank in g.holders:
-            if m.rank not in g.limit:
+            if m.rank in g.held:  # its held op (see GroupState.held) completed; its next op asks again
+                del g.held[m.rank]
+                g.gone.add(m.rank)
+            elif m.rank not in g.limit:
                 raise ScenarioError(f"rank {m.rank} holds lease {g.lease} of {m.key!r}: it ends with ack, after a "
                                     f"revoke", field="key", fix="keep the lease until the controller revokes it")
-            g.ops[m.rank] = g.limit.pop(m.rank)  # the op it was inside (or the ops it rejoined for) completed
+            else:
+                g.ops[m.rank] = g.limit.pop(m.rank)  # the op it was inside (or the ops it rejoined for) completed
             g.holders.discard(m.rank)
             if self._lease_progress(g):
                 self._schedule()
@@ -487,6 +493,8 @@ class Controller(Switching, FailoverLogic):
         if g.lease is None:  # a per-op holder (a lease is tracked by its holders alone)
             g.intents.add(rank)
             self.intent[(job, rank)] = key
+        else:  # back inside an op of this controller's lease (GroupState.held)
+            g.held[rank] = op_no
         self.log("hold", job=job, rank=rank, group=key)
         for r in sorted(g.rejoins):  # rejoining acquires that arrived before this hold join the round now
             if r in g.waiters and self._may_join(g, r, g.rejoins[r]):
@@ -494,11 +502,6 @@ class Controller(Switching, FailoverLogic):
         if freed:
             self._schedule()
         return {"key": key, "holders": sorted(g.holders)}
-
-    def lease_of(self, job: str, key: str, rank: int) -> int | None:
-        """The lease ``rank`` holds on the group, if its round is a lease."""
-        g = self.groups.get((job, key))
-        return g.lease if g is not None and rank in g.holders else None
 
     def bye(self, m: Bye) -> dict:
         job = self._job(m.job)
@@ -560,19 +563,6 @@ class Controller(Switching, FailoverLogic):
         ports = self._device(device, field=field).ports
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < ports:
             raise ScenarioError(f"port {port!r} is not a port of {device}", field=field, fix=f"use 0..{ports - 1}")
-
-    def _job(self, job: str) -> dict:
-        if job not in self.jobs:
-            raise ScenarioError(f"unknown job {job!r}", field="job", fix="send hello first")
-        return self.jobs[job]
-
-    def _group(self, job: str, key: str, rank: int) -> GroupState:
-        g = self.groups.get((job, key))
-        if g is None:
-            raise ScenarioError(f"unknown group {key!r} of job {job!r}", field="key", fix="declare it with op=group")
-        if rank not in g.members:
-            raise ScenarioError(f"rank {rank} is not a member of group {key!r}", field="rank")
-        return g
 
     def state(self) -> dict:
         return {"devices": {name: {"driver": type(d).__name__, "ports": d.ports, "duplex": d.duplex,

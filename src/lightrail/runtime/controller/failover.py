@@ -147,7 +147,7 @@ class FailoverLogic:
                     fut.set_exception(error)
             g.waiters.clear()
             g.intents, g.acquirers, g.holders, g.lease_asks = set(), set(), set(), set()
-            g.restored, g.restored_ops, g.rejoins = None, None, {}
+            g.restored, g.restored_ops, g.rejoins, g.held, g.base, g.gone = None, None, {}, {}, {}, set()
             g.lease, g.revoking, g.ops, g.limit, g.ready_since = None, False, {}, {}, 0.0
             if g.status == GroupStatus.GRANTED:
                 g.status = GroupStatus.IDLE  # an APPLYING one settles on its own
@@ -212,9 +212,12 @@ class FailoverLogic:
         freed = key is not None and self._leave(job, rank, key)
         for g in [g for g in self.job_groups.get(job, {}).values() if g.lease is not None]:
             if rank in g.holders or rank in g.ops:
+                if rank in g.holders and rank not in g.limit and rank not in g.held:
+                    g.gone.add(rank)  # its client forgets the lease; its next acquire rejoins (_back_in_lease)
                 g.holders.discard(rank)
                 g.ops.pop(rank, None)
                 g.limit.pop(rank, None)
+                g.held.pop(rank, None)
                 freed = self._lease_progress(g) or freed
         if freed:
             self._schedule()
@@ -224,8 +227,8 @@ class FailoverLogic:
         process, a dropped connection), and the server fails it only if it says no hello again in time. Its
         holds, leases and waits go, as :meth:`disconnect` drops them (its client forgets its leases and sends its
         holds and waiting requests again on the new connection, as after a restart), but it stays a member, and
-        its ports are not switched until it resumes (its first acquire, prepare, release or ack, sent after its
-        holds) or ``resync_grace`` passes: it may still be inside an op on them."""
+        its ports are not switched until it resumes (its first acquire, prepare, release, ack or heartbeat, sent
+        after its holds) or ``resync_grace`` passes: it may still be inside an op on them."""
         ports = self.jobs.get(job, {}).get("ranks", {}).get(rank)
         if ports is None or (job, rank) not in self.connected:
             return
@@ -236,6 +239,14 @@ class FailoverLogic:
         self.resync_until = max(self.resync_until, self.clock() + self.resync_grace)
         self.disconnect(job, rank)
         self.connected.add((job, rank))
+
+    def resumed(self, job: str, rank: int) -> None:
+        """The rank's heartbeat on a connection that said hello: its client sends heartbeats only once its restore
+        (hello, groups, holds, requests) is out, so its holds are in and its ports may be switched. A rank inside
+        an op holds and sends nothing more until the op ends, perhaps waiting for a peer whose group needs those
+        ports: without this it would wait out ``resync_grace`` (issue 31: 30 s after a pause)."""
+        if self.unsynced:
+            self._resync(job, rank)
 
     def _resync(self, job: str, rank: int, *, schedule: bool = True) -> None:
         """The rank resumed after a restart (it sent its holds), left or failed: its ports may be switched."""

@@ -131,6 +131,17 @@ class GroupState:
     restored_ops: set[int] | None = None
     # Waiting acquires that carry ``rejoin``: rank -> the acquire's ``op_no`` (None: it carries none)
     rejoins: dict[int, int | None] = field(default_factory=dict)
+    # Holders of a lease round that hold it by ``hold``: their connection was replaced while this controller ran
+    # (their client turned the lease they were inside an op of into a per-op hold, released when the op ends):
+    # rank -> the op's ``op_no``. Once no other holder is left the round goes on as one restored by hold (issue 31).
+    held: dict[int, int | None] = field(default_factory=dict)
+    # Lease accounting by op number, for a holder whose connection was lost (its client forgot the lease) and
+    # that asks again while the others still hold it: each lease acquire's ``op_no`` (rank -> op_no), each
+    # holder's ops on the key before the lease (rank -> op_no - 1), and the holders lost so (see
+    # Switching._back_in_lease).
+    lease_op: dict[int, int | None] = field(default_factory=dict)
+    base: dict[int, int] = field(default_factory=dict)
+    gone: set[int] = field(default_factory=set)
     order: int = 0  # declaration order: ties in ready_since are scheduled in it (deterministic runs)
     # Grant timing (clock times; _NEVER: none): its latest switch's start and completion, the latest time a lease
     # kept it waiting, and when revoke was pushed to the holders of its own lease.

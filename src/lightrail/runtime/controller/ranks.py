@@ -247,6 +247,8 @@ class RankServer:
         try:
             if op == "heartbeat":
                 conn.write(encode_ok(rid, {"t": c.clock()}))
+                if c.unsynced and conn.bound is not None:  # sent after its holds: its ports may be switched
+                    c.resumed(*conn.bound)
                 self.metrics.request(op, time.perf_counter() - t0)
                 return
             if op == "hello":
@@ -312,14 +314,18 @@ class RankServer:
             self._refuse(conn, m.id, _refusal(f"wrong or missing token for job {m.job!r}", "token",
                                               "pass the token POST /jobs returned for this job"), **claimed)
             return None
-        reply = self.controller.hello(m)
         other = self.bound.get((m.job, m.rank))
         if other is not None and other is not conn:
-            # The rank's old connection is still open (a reconnect before the server noticed the drop): the newest
-            # connection with the right token wins; the old one is closed without failing the rank.
-            other.bound = None
+            # The rank's old connection is still open (a reconnect before the server noticed the drop, e.g. this
+            # process was paused and reads the new hello before the old connection's close): the newest connection
+            # with the right token wins; the old one is closed without failing the rank, and what it held goes as
+            # if its close had been read first. The client forgot it when it reconnected (it holds again the op it
+            # is inside; a lease not in use is gone): a lease kept here would be revoked on the new connection and
+            # never acked, and the group waiting for its ports would wait for ever (issue 31).
             other.failed = True
             other.writer.close()
+            self.lost(other)  # absent until the hello below succeeds (logged: rank_absent, then hello)
+        reply = self.controller.hello(m)
         conn.bound, conn.token, conn.left = (m.job, m.rank), m.token, False
         self.bound[(m.job, m.rank)] = conn
         self.absent.pop((m.job, m.rank), None)  # back: re-admitted

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from lightrail.errors import InfeasibleError
+from lightrail.errors import InfeasibleError, ScenarioError
 from lightrail.runtime.controller.groups import _EPS, _NEVER, GroupState, GroupStatus, Superseded, Waiter
 from lightrail.runtime.ocs import changed_ports, moving_ports
 
@@ -319,14 +319,15 @@ class Switching:
         reply = None
         if g.holders <= g.lease_asks:  # every member asked for a lease
             g.lease, g.revoking = next(self._lease_ids), False
-            g.ops, g.limit = {}, {}
+            g.ops, g.limit, g.gone = {}, {}, set()
+            g.base = {r: g.lease_op[r] - 1 for r in g.holders if g.lease_op.get(r) is not None}
             g.intents -= g.holders  # the lease is tracked by its holders; an acquire now is for the next round
             for rank in g.holders:
                 if self.intent.get((g.job, rank)) == g.key:
                     del self.intent[(g.job, rank)]
             reply = {"lease": g.lease}
             self.counters["leases"] += 1
-        g.lease_asks = set()
+        g.lease_asks, g.lease_op = set(), {}
         now = self.clock()
         ready = _NEVER  # when the last member's acquire arrived
         for rank in g.holders:
@@ -415,15 +416,66 @@ class Switching:
         started = g.started()
         for rank in [r for r in g.waiters if r in g.ops and r not in g.holders and started > g.ops[r]]:
             self._rejoin(g, rank)
-        if g.holders or len(set(g.ops.values())) > 1:
+        if len(g.holders) > len(g.held) or len(set(g.ops.values())) > 1:
             return False  # someone is still inside, has not answered, or must run its remaining ops
         if g.revoking:
             self.revoke_rtt.add(self.clock() - g.revoke_pushed)
-        g.status, g.lease, g.revoking, g.ops, g.limit = GroupStatus.IDLE, None, False, {}, {}
+        if g.held:
+            self._restore_held(g)
+            return False
+        g.status, g.lease, g.revoking, g.ops, g.limit, g.base, g.gone = GroupStatus.IDLE, None, False, {}, {}, {}, set()
         self._ready.add(g)
         if g.intents and len(g.intents) == len(g.members):
             g.ready_since = self.clock()
         return True
+
+    @staticmethod
+    def _back_in_lease(g: GroupState, rank: int, op_no: int | None) -> None:
+        """A holder of the lease whose connection was lost (its client forgot the lease) acquires again, for its op
+        ``op_no``, while the others still hold it: the ops it ran under the lease are known from that number (the
+        lease began after its op ``base``), so it rejoins the lease as a member that yielded does (behind the
+        others, if the lease is revoked). Otherwise it would wait for a round its peers, running their ops under the
+        lease, never start: they wait for it inside their next op (issue 31)."""
+        if g.lease is not None and rank in g.gone and op_no is not None and rank in g.base:
+            g.gone.discard(rank)
+            g.ops[rank] = max(0, op_no - 1 - g.base[rank])
+
+    def _restore_held(self, g: GroupState) -> None:
+        """The lease's only holders left are members back inside an op by ``hold`` (their connections were replaced
+        while this controller ran; the other members' were too, or they gave the lease back): the lease ends and the
+        round goes on per op, as one restored by hold after a restart, so the other members' first holds (or
+        rejoining acquires) for that op join it. Kept as a lease, it would wait for those members' lease ops, which
+        their clients, having forgotten the lease, ask for with an acquire that waits for the held op to end, while
+        the held op waits for them (issue 31: after a pause, a job stalled this way)."""
+        g.lease, g.revoking, g.ops, g.limit, g.base, g.gone = None, False, {}, {}, {}, set()
+        g.restored = set(g.held)
+        g.restored_ops = None if None in g.held.values() else {n for n in g.held.values() if n is not None}
+        for rank in g.held:
+            g.intents.add(rank)
+            self.intent[(g.job, rank)] = g.key
+        g.held = {}
+        self.log("lease_restored", job=g.job, group=g.key, holders=sorted(g.holders))
+        for rank in sorted(g.rejoins):  # rejoining acquires that wait join the round now (as after a hold)
+            if rank in g.waiters and self._may_join(g, rank, g.rejoins[rank]):
+                self._join(g, rank)
+
+    def _job(self, job: str) -> dict:
+        if job not in self.jobs:
+            raise ScenarioError(f"unknown job {job!r}", field="job", fix="send hello first")
+        return self.jobs[job]
+
+    def _group(self, job: str, key: str, rank: int) -> GroupState:
+        g = self.groups.get((job, key))
+        if g is None:
+            raise ScenarioError(f"unknown group {key!r} of job {job!r}", field="key", fix="declare it with op=group")
+        if rank not in g.members:
+            raise ScenarioError(f"rank {rank} is not a member of group {key!r}", field="rank")
+        return g
+
+    def lease_of(self, job: str, key: str, rank: int) -> int | None:
+        """The lease ``rank`` holds on the group, if its round is a lease."""
+        g = self.groups.get((job, key))
+        return g.lease if g is not None and rank in g.holders else None
 
     def _leave(self, job: str, rank: int, key: str) -> bool:
         """The rank no longer wants or holds the group; True if that freed ports (its round ended, or
