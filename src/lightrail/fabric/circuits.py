@@ -106,6 +106,7 @@ class CircuitState:
         self._rx_source = np.full(shape, -1, np.int64)
         self._tx_dark, self._rx_dark = np.zeros(shape), np.zeros(shape)
         self._rewritten: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}  # dev -> (perm, its inverse, dark)
+        self._switched: tuple | None = None  # switched_ports' last answer, with the old peers it found
         self._tx_busy, self._rx_busy = np.zeros(shape), np.zeros(shape)
         self._busy_device = np.zeros(devices)  # per device, the latest end of traffic on any of its ports
         self._pending: dict[tuple[int, int, int], list] = {}  # circuits' array ids -> [dev, tx, rx, until]
@@ -244,32 +245,42 @@ class CircuitState:
         """Ports that lighting circuits ``tx -> rx`` would switch: (device, tx port) and (device, rx port)
         arrays, the new circuits' ends plus the old peers they darken (missing circuits only)."""
         dev, tx, rx = (np.asarray(a, np.int64) for a in (dev, tx, rx))
-        miss = ~self.present(dev, tx, rx)
+        ports = self._tx_target.shape[1]
+        target, source = self.tx_target.reshape(-1), self.rx_source.reshape(-1)  # flat: one index, not two
+        miss = target[dev * ports + tx] != rx
         dev, tx, rx = dev[miss], tx[miss], rx[miss]
-        old_rx = self.tx_target[dev, tx]
-        old_tx = self.rx_source[dev, rx]
+        old_rx = target[dev * ports + tx]
+        old_tx = source[dev * ports + rx]
         tx_dev = np.concatenate([dev, dev[old_tx >= 0]])
         tx_port = np.concatenate([tx, old_tx[old_tx >= 0]])
         rx_dev = np.concatenate([dev, dev[old_rx >= 0]])
         rx_port = np.concatenate([rx, old_rx[old_rx >= 0]])
-        return (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx)
+        switched = (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx)
+        self._switched = (switched, old_rx, old_tx)  # what apply(switched=...) takes on
+        return switched
 
     def apply(self, dev, tx, rx, start, *, switched=None) -> float:
         """Light circuits ``tx -> rx`` on devices ``dev``, the change starting at ``start`` (a scalar, or one
         time per device); returns when they are lit. Circuits already present are left alone. ``switched``:
         what :meth:`switched_ports` just said of these circuits (nothing changed since), not worked out again."""
-        (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx) = switched or self.switched_ports(dev, tx, rx)
+        if switched is None or self._switched is None or self._switched[0] is not switched:
+            switched = self.switched_ports(dev, tx, rx)
+        _, old_rx, old_tx = self._switched
+        self._switched = None
+        (tx_dev, tx_port), (rx_dev, rx_port), (dev, tx, rx) = switched
         if not len(dev):
             return 0.0
-        start = np.broadcast_to(np.asarray(start, float), (self.tx_target.shape[0],))
-        self.tx_dark[tx_dev, tx_port] = start[tx_dev] + self.delay
-        self.rx_dark[rx_dev, rx_port] = start[rx_dev] + self.delay
-        old_rx, old_tx = self.tx_target[dev, tx], self.rx_source[dev, rx]
+        ports = self._tx_target.shape[1]
+        start = np.broadcast_to(np.asarray(start, float), (self._tx_target.shape[0],))
+        lit = start + self.delay  # per device: each port's is start[device] + delay, as before
+        self.tx_dark.reshape(-1)[tx_dev * ports + tx_port] = lit[tx_dev]
+        self.rx_dark.reshape(-1)[rx_dev * ports + rx_port] = lit[rx_dev]
         self._changed(np.flatnonzero(np.bincount(dev, minlength=len(self._stamps))).tolist())
-        self.tx_target[dev[old_tx >= 0], old_tx[old_tx >= 0]] = -1
-        self.rx_source[dev[old_rx >= 0], old_rx[old_rx >= 0]] = -1
-        self.tx_target[dev, tx] = rx
-        self.rx_source[dev, rx] = tx
+        target, source = self._tx_target.reshape(-1), self._rx_source.reshape(-1)
+        target[dev[old_tx >= 0] * ports + old_tx[old_tx >= 0]] = -1
+        source[dev[old_rx >= 0] * ports + old_rx[old_rx >= 0]] = -1
+        target[dev * ports + tx] = rx
+        source[dev * ports + rx] = tx
         return float(np.max(start[dev])) + self.delay
 
     def rewrite(self, dev: int, perm: np.ndarray, start: float) -> tuple[float, int]:
