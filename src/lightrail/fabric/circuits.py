@@ -107,6 +107,7 @@ class CircuitState:
         self._tx_dark, self._rx_dark = np.zeros(shape), np.zeros(shape)
         self._rewritten: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}  # dev -> (perm, its inverse, dark)
         self._switched: tuple | None = None  # switched_ports' last answer, with the old peers it found
+        self._flat: dict[tuple[int, int, int], tuple] = {}  # array ids -> (the arrays, flat tx and rx indices)
         self._tx_busy, self._rx_busy = np.zeros(shape), np.zeros(shape)
         self._busy_device = np.zeros(devices)  # per device, the latest end of traffic on any of its ports
         self._pending: dict[tuple[int, int, int], list] = {}  # circuits' array ids -> [dev, tx, rx, until]
@@ -172,9 +173,16 @@ class CircuitState:
     def _flush(self) -> None:
         if not self._pending:
             return
-        for dev, tx, rx, until in self._pending.values():
-            self._tx_busy[dev, tx] = np.maximum(self._tx_busy[dev, tx], until)
-            self._rx_busy[dev, rx] = np.maximum(self._rx_busy[dev, rx], until)
+        ports = self._tx_busy.shape[1]
+        tx_busy, rx_busy = self._tx_busy.reshape(-1), self._rx_busy.reshape(-1)
+        for key, (dev, tx, rx, until) in self._pending.items():
+            flat = self._flat.get(key)
+            if flat is None or flat[0] is not dev:  # flat indices of a set of circuits, worked out once
+                if len(self._flat) > _REMEMBERED:
+                    self._flat.clear()
+                flat = self._flat[key] = (dev, tx, rx, dev * ports + tx, dev * ports + rx)
+            tx_busy[flat[3]] = np.maximum(tx_busy[flat[3]], until)
+            rx_busy[flat[4]] = np.maximum(rx_busy[flat[4]], until)
         self._pending.clear()
 
     def present(self, dev, tx, rx) -> np.ndarray:

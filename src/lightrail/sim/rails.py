@@ -78,8 +78,9 @@ class Rails:
             if not len(rail):
                 continue
             starts = _rail_runs(rail)  # reduced run by run, then the few runs per rail (no ufunc.at over ports)
-            np.maximum.at(busy, rail[starts], np.maximum.reduceat(when[rail, port], starts))
-            np.logical_or.at(held, rail[starts], np.logical_or.reduceat(lease[rail, port] >= 0, starts))
+            flat = rail * when.shape[1] + port
+            np.maximum.at(busy, rail[starts], np.maximum.reduceat(when.reshape(-1)[flat], starts))
+            np.logical_or.at(held, rail[starts], np.logical_or.reduceat(lease.reshape(-1)[flat] >= 0, starts))
         if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
             return busy + half
         # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
