@@ -48,7 +48,12 @@ def test_remembered_answers_equal_the_arrays_after_random_changes_and_traffic(se
             case _:
                 state.configure(int(rng.integers(DEVICES)), rng.permutation(PORTS), now)
         for dev, tx, rx in sets:
-            assert state.all_present(dev, tx, rx) == bool(np.all(state.tx_target[dev, tx] == rx))
+            truth = bool(np.all(state.tx_target[dev, tx] == rx))
+            assert not state.known_present(dev, tx, rx) or truth  # known: never wrongly
+            if rng.random() < 0.5:
+                assert (len(state.switched_ports(dev, tx, rx)[2][0]) == 0) == truth
+                assert state.known_present(dev, tx, rx) == truth  # switched_ports remembered what it found
+            assert state.all_present(dev, tx, rx) == truth
             assert state.lit_at(dev, tx, rx) == float(max(state.tx_dark[dev, tx].max(), state.rx_dark[dev, rx].max()))
         for d in range(DEVICES):
             assert state.device_busy(d) == max(0.0, tx_busy[d].max(), rx_busy[d].max())

@@ -218,17 +218,33 @@ class CircuitState:
         """``answer()``, or what it gave for the same arrays while none of their devices has changed since."""
         if not _indexes(dev, tx, rx):
             return answer()
-        devices = self._device_set(dev)
-        stamps = tuple([self._stamps[d] for d in devices])
-        key = (question, id(dev), id(tx), id(rx))
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == stamps:
+        value = self._recall(question, dev, tx, rx)
+        if value is None:
+            value = answer()
+            self._remember(question, dev, tx, rx, value)
+        return value
+
+    def _recall(self, question: str, dev, tx, rx):
+        """What was remembered of these arrays while none of their devices has changed since, else None."""
+        hit = self._memo.get((question, id(dev), id(tx), id(rx)))
+        if hit is not None and hit[0] == tuple([self._stamps[d] for d in self._device_set(dev)]):
             return hit[1]
+        return None
+
+    def _remember(self, question: str, dev, tx, rx, value) -> None:
         if len(self._memo) > _REMEMBERED:
             self._memo.clear()
-        value = answer()
-        self._memo[key] = (stamps, value, dev, tx, rx)  # holding the arrays keeps their ids theirs
-        return value
+        stamps = tuple([self._stamps[d] for d in self._device_set(dev)])
+        self._memo[(question, id(dev), id(tx), id(rx))] = (stamps, value, dev, tx, rx)  # the arrays held
+
+    def known_present(self, dev, tx, rx) -> bool:
+        """:meth:`all_present` when it is known without looking at the circuits (remembered, or the devices hold
+        rewritten configurations), else False; :meth:`switched_ports` remembers what it finds."""
+        if not _indexes(dev, tx, rx):
+            return False
+        if all(self._row[d] is not None for d in self._device_set(dev)):
+            return self.all_present(dev, tx, rx)
+        return bool(self._recall("present", dev, tx, rx))
 
     def _device_set(self, dev) -> tuple[int, ...]:
         """The devices ``dev`` names, each once, in order (remembered per array)."""
@@ -252,10 +268,13 @@ class CircuitState:
     def switched_ports(self, dev, tx, rx):
         """Ports that lighting circuits ``tx -> rx`` would switch: (device, tx port) and (device, rx port)
         arrays, the new circuits' ends plus the old peers they darken (missing circuits only)."""
+        asked = (dev, tx, rx)
         dev, tx, rx = (np.asarray(a, np.int64) for a in (dev, tx, rx))
         ports = self._tx_target.shape[1]
         target, source = self.tx_target.reshape(-1), self.rx_source.reshape(-1)  # flat: one index, not two
         miss = target[dev * ports + tx] != rx
+        if _indexes(*asked):
+            self._remember("present", *asked, not miss.any())
         dev, tx, rx = dev[miss], tx[miss], rx[miss]
         old_rx = target[dev * ports + tx]
         old_tx = source[dev * ports + rx]

@@ -158,7 +158,7 @@ class Rails:
     def _ports(self, req: Requirement, decision: float) -> None:
         """Partial reconfiguration: only ports whose circuits change go dark, each rail on its own."""
         rail, tx, rx = req.circuits
-        if self.state.all_present(rail, tx, rx):  # nothing to switch (most ops: the circuits stay up)
+        if self.state.known_present(rail, tx, rx):  # nothing to switch (most ops: the circuits stay up)
             return
         switched = self.state.switched_ports(rail, tx, rx)
         (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = switched
