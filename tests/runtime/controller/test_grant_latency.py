@@ -275,7 +275,7 @@ def test_bench_controller_grant_latency_prints_every_kind_and_round_trip():
     out = json.loads(done.stdout)
     assert "error" not in out, out
     kinds = out["grant_latency_s"]
-    assert set(kinds) == {"lit", "revoke", "switch", "switch_overhead"}
+    assert set(kinds) == {"lit", "revoke", "switch", "switch_overhead", "switch_lag_before", "switch_lag_after"}
     assert out["iterations"] == 3 and out["grants"] == 12 * 3  # pp, dp and loss of 4 pairs each, per iteration
     assert kinds["lit"]["count"] + kinds["revoke"]["count"] + kinds["switch"]["count"] == out["grants"]
     assert kinds["switch"]["count"] == kinds["switch_overhead"]["count"] >= 8 * 3 - 4

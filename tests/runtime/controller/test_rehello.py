@@ -219,3 +219,24 @@ def test_a_lease_holder_back_alone_rejoins_the_lease_its_peer_still_holds(make):
         assert c.groups[("j", "c")].holders == {1, 2}
 
     asyncio.run(run())
+
+
+def test_a_stale_hello_read_after_the_newer_one_takes_nothing_over(make):
+    """Both queued while the controller was paused, the rank's given-up connection's hello is read after its new
+    connection's: the older connection (accept order) is closed with one error line, the newer one keeps the rank
+    (taken over, it would be closed, and the stale one's close then fail the rank)."""
+    async def run():
+        c, _ = make()
+        server = RankServer(c, c.config)
+        token = c.register_job("j", 2)
+        hello = dict(op="hello", job="j", rank=1, world=2, ports={"rail0": 1}, token=token)
+        stale, fresh = (Conn(_Writer(), f"peer:{n}", 0.0, 0.0, seq=n) for n in (2, 3))
+        for conn in (stale, fresh):
+            server.open.add(conn)
+        server.request(fresh, _line(id=1, **hello))
+        server.request(stale, _line(id=1, **hello))
+        assert fresh.writer.out[-1]["ok"] and server.bound[("j", 1)] is fresh and not fresh.writer.closed
+        assert not stale.writer.out[-1]["ok"] and stale.writer.out[-1]["error"]["field"] == "rank" and stale.failed
+        assert ("j", 1) not in server.absent and server.counters["rank_failures"] == 0
+
+    asyncio.run(run())

@@ -46,6 +46,7 @@ class Conn:
     waits: dict[str, int] = field(default_factory=dict)  # group key -> id of the acquire waiting on it
     failed: bool = False  # the server closed it (silence, no hello, a newer connection for its rank)
     left: bool = False  # its rank said bye: closing it is no failure
+    seq: int = 0  # accept order: a hello on a connection older than its rank's bound one is stale
 
     def send(self, message: dict) -> None:
         if not self.writer.is_closing():
@@ -73,6 +74,7 @@ class RankServer:
         # (job, rank) -> (when, peer): its connection closed without bye; failed unless it says hello again in time
         self.absent: dict[tuple[str, int], tuple[float, str]] = {}
         self.swept: float | None = None  # when the sweeper last ran (a late run: this process was not running)
+        self.accepted = 0  # connections accepted (Conn.seq)
         self.max_connections = _connection_cap(config.max_connections)
         self.rlog = RateLog()
         self.metrics = Metrics(controller, self)
@@ -315,6 +317,15 @@ class RankServer:
                                               "pass the token POST /jobs returned for this job"), **claimed)
             return None
         other = self.bound.get((m.job, m.rank))
+        if other is not None and other is not conn and other.seq > conn.seq:
+            # A stale hello: the rank's client gave this connection up for a newer one that already speaks for it
+            # (both queued while this process was paused, read in either order): closed, not taken over, so the
+            # newer one is not closed and its close is no failure.
+            self.rlog("stale_hello", job=m.job, rank=m.rank, peer=conn.peer, bound=other.peer)
+            conn.send(error_reply(m.id, _refusal(f"a newer connection speaks for rank {m.rank} of {m.job!r}", "rank",
+                                                 "use the newest connection")))
+            conn.failed = True
+            return None
         if other is not None and other is not conn:
             # The rank's old connection is still open (a reconnect before the server noticed the drop, e.g. this
             # process was paused and reads the new hello before the old connection's close): the newest connection
@@ -425,7 +436,8 @@ class _RankProtocol(asyncio.Protocol):
             transport.close()  # after the reply is written
             return
         now = server.clock()
-        self.conn = Conn(transport, peer, now, now)
+        server.accepted += 1
+        self.conn = Conn(transport, peer, now, now, seq=server.accepted)
         server.open.add(self.conn)
 
     def data_received(self, data: bytes) -> None:
