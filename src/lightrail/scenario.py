@@ -193,6 +193,9 @@ class _OcsFacts(_Strict):
     revoke_rtt: Duration = Field(f"{REVOKE_RTT * 1e3:g}ms", description="From the controller's revoke of a lease to "
                                  "its end, every holder's ack in (default: lightrail's controller, measured; see "
                                  "fabric/params.py).")
+    switch_grant_latency: Duration = Field("0ms", description="From a switch's end to the grant of the group that "
+                                           "waited for it (default 0: included in command_latency; train-demo "
+                                           "reads it from its controller; see fabric/params.py).")
 
     def policy(self) -> Policy:
         """The section's policy fields as the one Policy object the Plan carries."""
@@ -272,6 +275,8 @@ class Scenario(_Strict):
                             check_in_rtt=parse_time(self.ocs.check_in_rtt, field="ocs.check_in_rtt"),
                             command_latency=parse_time(self.ocs.command_latency, field="ocs.command_latency"),
                             revoke_rtt=parse_time(self.ocs.revoke_rtt, field="ocs.revoke_rtt"),
+                            switch_grant_latency=parse_time(self.ocs.switch_grant_latency,
+                                                            field="ocs.switch_grant_latency"),
                             sharing=self.engine.sharing, collectives=self.engine.collectives)
         params = self.ocs.policy()
         known = {f.name for f in fields(CostFacts)}

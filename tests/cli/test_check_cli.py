@@ -63,7 +63,7 @@ def test_check_reads_deepseeks_own_config(tmp_path):
 
 
 @pytest.mark.parametrize("field", ["cluster.alpha", "cluster.latency", "ocs.reconfig_delay", "ocs.check_in_rtt",
-                                   "ocs.command_latency", "ocs.revoke_rtt"])
+                                   "ocs.command_latency", "ocs.revoke_rtt", "ocs.switch_grant_latency"])
 def test_a_bare_zero_is_a_zero_duration_in_scenario_files(field):
     section, key = field.split(".")
     built = parse_scenario({**TINY, section: {**TINY.get(section, {}), key: 0}}).build()
@@ -72,3 +72,23 @@ def test_a_bare_zero_is_a_zero_duration_in_scenario_files(field):
     with pytest.raises(ScenarioError, match="'5' has no unit") as info:
         parse_scenario({**TINY, section: {**TINY.get(section, {}), key: 5}}).build()
     assert info.value.field == field
+
+
+def test_the_switch_grant_latency_a_scenario_sets_reaches_the_fabric_and_delays_each_switch():
+    """``ocs.switch_grant_latency`` (train-demo measures it; issue 29) lengthens the photonic iteration on demand, where
+    every switch is waited for."""
+    from lightrail.sim.iteration import simulate_iteration
+    from lightrail.workload.program import build_program
+
+    def run(lag: str):
+        built = parse_scenario({"name": "t", "model": {"preset": "debug", "overrides": {"layers": 4}},
+                                "cluster": {"gpus": 4, "gpus_per_server": 1, "gpu": "h100"},
+                                "parallel": {"pp": 2, "dp": 2}, "job": {"micro_batches": 2},
+                                "ocs": {"reconfig_delay": "1ms", "mode": "on-demand",
+                                        "switch_grant_latency": lag}}).build()
+        return built.fabric, simulate_iteration(build_program(built.job), built.fabric, built.policy)
+
+    (f0, base), (f3, slow) = run("0"), run("3ms")
+    assert f3.switch_grant_latency == pytest.approx(3e-3) and f0.switch_grant_latency == 0.0
+    assert base.reconfigurations_per_iteration > 0
+    assert slow.iteration_time_s >= base.iteration_time_s + 3e-3  # at least one switch was waited for
