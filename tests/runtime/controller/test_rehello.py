@@ -240,3 +240,41 @@ def test_a_stale_hello_read_after_the_newer_one_takes_nothing_over(make):
         assert ("j", 1) not in server.absent and server.counters["rank_failures"] == 0
 
     asyncio.run(run())
+
+
+def test_a_grant_lost_with_the_replaced_connection_rejoins_its_round(make):
+    """Rank 0's grant of b is written to the connection its client just gave up (the controller resumed from a
+    pause and granted before reading the reconnect); rank 2 got its grant and is inside the op, waiting for rank 0.
+    Rank 0's client sends the acquire again (rejoin, same op number): it joins the round rank 2 is inside instead
+    of waiting for the next one, which rank 2 never starts."""
+    async def run():
+        c, vt = make()
+        server = RankServer(c, c.config)
+        token = c.register_job("j", 3)
+
+        def conn(peer: str, rank: int) -> Conn:
+            new = Conn(_Writer(), peer, 0.0, 0.0)
+            server.open.add(new)
+            server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail0": rank},
+                                      token=token))
+            assert new.writer.out[-1]["ok"]
+            return new
+
+        conns = {r: conn(f"peer:{r}", r) for r in (0, 2)}
+        server.request(conns[0], _line(id=2, op="group", job="j", key="b", members=[0, 2],
+                                       circuits={"rail0": {"0": 2, "2": 0}}))
+        for r in (0, 2):
+            server.request(conns[r], _line(id=3, op="acquire", job="j", rank=r, key="b", op_no=9))
+        await vt.settle()
+        assert all(on.writer.out[-1].get("granted") for on in conns.values())  # rank 0's never reaches its client
+        back = conn("peer:0b", 0)
+        back.writer.out.clear()
+        server.request(back, _line(id=2, op="acquire", job="j", rank=0, key="b", op_no=9, rejoin=True))
+        await vt.settle()
+        assert back.writer.out and back.writer.out[-1]["ok"] and back.writer.out[-1].get("rejoined"), back.writer.out
+        assert c.groups[("j", "b")].holders == {0, 2}
+        for on, r in ((back, 0), (conns[2], 2)):
+            server.request(on, _line(id=4, op="release", job="j", rank=r, key="b"))
+        assert c.groups[("j", "b")].status.value == "idle"
+
+    asyncio.run(run())

@@ -142,6 +142,7 @@ class GroupState:
     lease_op: dict[int, int | None] = field(default_factory=dict)
     base: dict[int, int] = field(default_factory=dict)
     gone: set[int] = field(default_factory=set)
+    round_ops: set[int] | None = None  # the op numbers of the acquires this controller's current round granted
     order: int = 0  # declaration order: ties in ready_since are scheduled in it (deterministic runs)
     # Grant timing (clock times; _NEVER: none): its latest switch's start and completion, the latest time a lease
     # kept it waiting, and when revoke was pushed to the holders of its own lease.

@@ -327,6 +327,8 @@ class Switching:
                     del self.intent[(g.job, rank)]
             reply = {"lease": g.lease}
             self.counters["leases"] += 1
+        ops = [g.lease_op.get(r) for r in g.holders]
+        g.round_ops = None if None in ops else set(ops)
         g.lease_asks, g.lease_op = set(), {}
         now = self.clock()
         ready = _NEVER  # when the last member's acquire arrived
