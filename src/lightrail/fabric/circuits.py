@@ -187,7 +187,11 @@ class CircuitState:
 
     def present(self, dev, tx, rx) -> np.ndarray:
         """Per circuit, whether it is configured (lit or lighting)."""
-        return self.tx_target[dev, tx] == rx
+        if self._rewritten:  # read the rewrites where they are, not written out first (asked at every check-in)
+            target = np.stack([self._rewritten[d][0] if d in self._rewritten else self._tx_target[d]
+                               for d in range(self._tx_target.shape[0])])
+            return target[dev, tx] == rx
+        return self._tx_target[dev, tx] == rx
 
     def all_present(self, dev, tx, rx) -> bool:
         """Whether every one of these circuits is configured: ``present(dev, tx, rx).all()``, remembered."""
