@@ -278,3 +278,36 @@ def test_a_grant_lost_with_the_replaced_connection_rejoins_its_round(make):
         assert c.groups[("j", "b")].status.value == "idle"
 
     asyncio.run(run())
+
+
+def test_both_grants_lost_both_rejoin(make):
+    """Both members' grants of b are lost with their replaced connections, read one after the other: the first
+    one's rejoin must not keep the second, already in the restored round, from rejoining too."""
+    async def run():
+        c, vt = make()
+        server = RankServer(c, c.config)
+        token = c.register_job("j", 3)
+
+        def conn(peer: str, rank: int) -> Conn:
+            new = Conn(_Writer(), peer, 0.0, 0.0)
+            server.open.add(new)
+            server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail0": rank},
+                                      token=token))
+            return new
+
+        conns = {r: conn(f"peer:{r}", r) for r in (0, 2)}
+        server.request(conns[0], _line(id=2, op="group", job="j", key="b", members=[0, 2],
+                                       circuits={"rail0": {"0": 2, "2": 0}}))
+        for r in (0, 2):
+            server.request(conns[r], _line(id=3, op="acquire", job="j", rank=r, key="b", op_no=9))
+        await vt.settle()
+        backs = {}
+        for r in (2, 0):  # rank 2 back and rejoined, then rank 0 back (its old connection was still bound)
+            backs[r] = conn(f"peer:{r}b", r)
+            backs[r].writer.out.clear()
+            server.request(backs[r], _line(id=2, op="acquire", job="j", rank=r, key="b", op_no=9, rejoin=True))
+            await vt.settle()
+            assert backs[r].writer.out and backs[r].writer.out[-1].get("rejoined"), (r, backs[r].writer.out)
+        assert c.groups[("j", "b")].holders == {0, 2}
+
+    asyncio.run(run())

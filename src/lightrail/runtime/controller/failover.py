@@ -211,12 +211,14 @@ class FailoverLogic:
         key = self.intent.get((job, rank))
         g = self.groups.get((job, key)) if key is not None else None
         if g is not None and g.status == GroupStatus.GRANTED and g.lease is None and rank in g.holders \
-                and g.restored is None and len(g.holders) > 1:
-            # A holder of this controller's per-op round, whose grant may be lost with the connection (its client
-            # sends the acquire again, with rejoin) or which is inside the op (it holds again): the round stays
-            # joinable for it, as one restored by hold, while its peers are inside it (issue 31: its peer waited
-            # inside the op for it, and its acquire waited for the next round)
-            g.restored, g.restored_ops = g.holders - {rank}, None if g.round_ops is None else set(g.round_ops)
+                and len(g.holders) > 1:
+            # A holder of a per-op round, whose grant may be lost with the connection (its client sends the acquire
+            # again, with rejoin) or which is inside the op (it holds again): the round stays joinable for it, as
+            # one restored by hold, while its peers are inside it (issue 31: its peer waited inside the op for it,
+            # and its acquire waited for the next round)
+            if g.restored is None:
+                g.restored, g.restored_ops = set(g.holders), None if g.round_ops is None else set(g.round_ops)
+            g.restored.discard(rank)
         freed = key is not None and self._leave(job, rank, key)
         for g in [g for g in self.job_groups.get(job, {}).values() if g.lease is not None]:
             if rank in g.holders or rank in g.ops:
