@@ -37,7 +37,7 @@ def wrapper_overhead(steps: int) -> dict:
 
 
 def controller_cpu(steps: int, delay_s: float) -> dict:
-    import lightrail.studies.photonic_demo as demo
+    import lightrail.studies.train_demo.measure as demo
     from lightrail.studies.train_demo import DemoConfig
 
     seen: dict[str, float] = {}

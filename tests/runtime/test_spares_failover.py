@@ -16,8 +16,8 @@ import torch  # noqa: E402
 from lightrail.control.plan import Policy, runtime_plan  # noqa: E402
 from lightrail.errors import ScenarioError  # noqa: E402
 from lightrail.runtime.torch_backend import Agent, BackendConfig, Inner, circuits_of, spare_ports  # noqa: E402
-from lightrail.studies.photonic_demo import _failure, run_photonic_demo  # noqa: E402
 from lightrail.studies.train_demo import DemoConfig, Failure, _bits, _Replica, _woken_by  # noqa: E402
+from lightrail.studies.train_demo.measure import _failure, run_photonic_demo  # noqa: E402
 from lightrail.workload.parallel import Dim, Layout  # noqa: E402
 
 LAYOUT = Layout.from_degrees(8, tp=2, pp=2, dp=2, gpus_per_server=2)

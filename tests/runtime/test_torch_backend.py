@@ -23,7 +23,8 @@ from lightrail.control.plan import Mode, Policy, runtime_plan  # noqa: E402
 from lightrail.errors import ScenarioError  # noqa: E402
 from lightrail.runtime.launch import free_port  # noqa: E402
 from lightrail.runtime.torch_backend import Agent, BackendConfig, Inner, circuits_of, phase_of, setup  # noqa: E402
-from lightrail.studies.photonic_demo import (  # noqa: E402
+from lightrail.studies.train_demo import DemoConfig  # noqa: E402
+from lightrail.studies.train_demo.measure import (  # noqa: E402
     DEMO_POLICY,
     PhotonicDemoResult,
     Prediction,
@@ -31,7 +32,6 @@ from lightrail.studies.photonic_demo import (  # noqa: E402
     grant_waits,
     run_photonic_demo,
 )
-from lightrail.studies.train_demo import DemoConfig  # noqa: E402
 from lightrail.workload.parallel import Dim, Layout  # noqa: E402
 
 LAYOUT = Layout.from_degrees(8, tp=2, pp=2, dp=2, gpus_per_server=2)
@@ -259,7 +259,7 @@ def _canned(config: DemoConfig, *, ocs_delay_s: float, policy: Policy, **_) -> P
 ])
 def test_train_demo_leases_flag_replaces_the_environment_variable(args, env, leases, note, monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr("lightrail.studies.photonic_demo.run_photonic_demo",
+    monkeypatch.setattr("lightrail.studies.train_demo.measure.run_photonic_demo",
                         lambda config, **kw: calls.append(kw) or _canned(config, **kw))
     if env is None:
         monkeypatch.delenv("LIGHTRAIL_LEASES", raising=False)
@@ -277,7 +277,7 @@ def test_train_demo_leases_flag_replaces_the_environment_variable(args, env, lea
 
 
 def test_train_demo_table_reports_the_typed_result(monkeypatch, tmp_path):
-    monkeypatch.setattr("lightrail.studies.photonic_demo.run_photonic_demo", _canned)
+    monkeypatch.setattr("lightrail.studies.train_demo.measure.run_photonic_demo", _canned)
     r = CliRunner().invoke(app, ["train-demo", "--steps", "2", "--ocs-delay", "5ms", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     flat = "".join(r.output.split())  # long lines wrap at the console's width, a long path even mid-word
@@ -299,7 +299,7 @@ def test_train_demo_spare_flags_reach_the_run_and_its_recovery_is_reported(monke
         calls.append(kw)
         return dataclasses.replace(_canned(config, **kw), spares=kw["spares"], recovery=recovery)
 
-    monkeypatch.setattr("lightrail.studies.photonic_demo.run_photonic_demo", canned)
+    monkeypatch.setattr("lightrail.studies.train_demo.measure.run_photonic_demo", canned)
     args = ["train-demo", "--steps", "20", "--spares", "1", "--kill-rank", "3", "--kill-at-step", "10",
             "--out", str(tmp_path)]
     r = CliRunner().invoke(app, [*args, "--json"])

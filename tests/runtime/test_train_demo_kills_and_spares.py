@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from lightrail.cli import app
-from lightrail.cli.runtime import parse_kill_steps
+from lightrail.cli.train_demo import parse_kill_steps
 from lightrail.errors import ScenarioError
 from lightrail.runtime.controller import process
 from lightrail.runtime.controller.process import FAILING, IDLE, RECOVERED, ControllerKiller, _before_failure
-from lightrail.studies.photonic_demo import _kills
 from lightrail.studies.train_demo import DemoConfig
+from lightrail.studies.train_demo.measure import _kills
 
 TINY = DemoConfig(tp=2, pp=2, dp=2, steps=6, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
 

@@ -79,8 +79,8 @@ def test_the_switch_grant_lag_reaches_the_model_as_a_fabric_parameter():
 def test_host_work_is_the_controllers_cpu_and_the_clients_cpu_beyond_the_bare_wrapper():
     """Per lightrail step: the controller's CPU over the run, and per rank its CPU per step less the controller-less
     replica's, over the steps the medians keep (not each block's first)."""
-    from lightrail.studies.photonic_demo import _host_work
     from lightrail.studies.train_demo.launch import DemoRun, ReplicaRun
+    from lightrail.studies.train_demo.measure import _host_work
 
     config = DemoConfig(steps=10)
     main = [0.5 if k % 5 == 0 else 0.012 for k in range(10)]  # warm-up steps left out

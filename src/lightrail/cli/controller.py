@@ -9,7 +9,7 @@ import typer
 
 from lightrail.cli.app import app, friendly
 from lightrail.cli.options import old_spelling, renamed
-from lightrail.cli.runtime import DEFAULT_OCS_DELAY
+from lightrail.cli.train_demo import DEFAULT_OCS_DELAY
 from lightrail.defaults import GPUS_PER_SERVER
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_time

@@ -411,7 +411,7 @@ def plot_straggler_speedups(result: dict, path_vs_ranks: Path, path_vs_delay: Pa
 
 
 def plot_train_demo(result, path: Path, *, title: str) -> Path:
-    """Per-iteration time of the demo job (a ``studies.photonic_demo.PhotonicDemoResult``) on plain gloo
+    """Per-iteration time of the demo job (a ``studies.train_demo.measure.PhotonicDemoResult``) on plain gloo
     and on emulated photonic rails."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for series, label in ((result.gloo_iteration_series_s, "gloo"),

@@ -18,8 +18,8 @@ pytest.importorskip("httpx")  # the optional extra "service": the controller's a
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from lightrail.studies.photonic_demo import run_photonic_demo  # noqa: E402
 from lightrail.studies.train_demo import DemoConfig  # noqa: E402
+from lightrail.studies.train_demo.measure import run_photonic_demo  # noqa: E402
 
 KILLS = 20
 

@@ -65,7 +65,7 @@ class Metrics:
     process never mix): histograms the server observes, and a collector that reads the controller's
     counters (monotonic: they only grow, whatever the number of requests) and gauges at scrape time.
 
-    ``lightrail_acquire_latency_seconds`` stays a summary (the name studies/photonic_demo.py reads): its
+    ``lightrail_acquire_latency_seconds`` stays a summary (the name studies/train_demo/measure.py reads): its
     quantiles are over the last 100,000 grants (a sliding window, as Prometheus defines summary quantiles),
     its ``_count`` and ``_sum`` over every grant since start. ``lightrail_acquire_to_grant_seconds`` is the
     same measure as a histogram (aggregatable; the dashboard's heat map)."""

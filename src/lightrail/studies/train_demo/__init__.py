@@ -24,7 +24,9 @@ numerics gives bit-identical losses.
 
 Rooms: ``config`` (settings, deterministic parameters and data, groups), ``model`` (GPT modules, tensor-parallel
 autograd), ``optimizer`` (Adam), ``worker`` (one rank's training), ``elastic`` (the worker that survives failures),
-``launch`` (starting the ranks, gathering results). This package re-exports their public names.
+``launch`` (starting the ranks, gathering results), ``prediction`` (the simulator's overhead for the same job),
+``measure`` (train-demo: gloo beside lightrail beside the prediction; imported by name, not re-exported). This
+package re-exports the public names of the others.
 """
 
 from __future__ import annotations

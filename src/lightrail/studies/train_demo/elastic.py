@@ -55,7 +55,7 @@ def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Fai
 
     ``on_step(rank, step)`` runs after each completed step (logical rank: a spare reports as the rank it took
     over); ``before_failure(agent)`` runs in the failing rank just before it dies (the train-demo waits there
-    for a controller restart to settle, see ``photonic_demo.ControllerKiller``).
+    for a controller restart to settle, see ``runtime.controller.process.ControllerKiller``).
     """
     if config.dp < 2:
         raise ScenarioError("a spare restores the failed rank's state from a DP replica, and dp is 1", field="--dp",

@@ -1,6 +1,6 @@
 """The train-demo's prediction: the same job, layout, GPipe schedule and Plan as the run, simulated with the
 run's own measurements (its compute rate from the gloo run, its control-plane costs from the controller, the
-emulation host's cores) so the model's overhead can be set beside the measured one (``photonic_demo``).
+emulation host's cores) so the model's overhead can be set beside the measured one (``measure``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from lightrail.report.files import write_json
 from lightrail.units import format_time
 
 if TYPE_CHECKING:
-    from lightrail.studies.photonic_demo import PhotonicDemoResult, Row
+    from lightrail.studies.train_demo.measure import PhotonicDemoResult, Row
 
 __all__ = ["train_demo_title", "train_demo_table", "print_train_demo", "write_train_demo"]
 

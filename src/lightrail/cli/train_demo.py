@@ -61,7 +61,7 @@ def end_on_signals():
 
 def parse_kill_steps(values: list[str] | None, flag: str = "--kill-controller-at-step") -> tuple[int, ...]:
     """``--kill-controller-at-step`` (or ``flag``), given several times or as a comma list, as whole steps; the
-    range and order are the library's to check (``photonic_demo._kills``), against the run's ``--steps``."""
+    range and order are the library's to check (``train_demo.measure._kills``), against the run's ``--steps``."""
     steps = []
     for value in values or ():
         for part in value.split(","):
@@ -116,9 +116,9 @@ def train_demo_cmd(
     for the same job (GPipe, compute calibrated on the gloo run). --no-leases turns leases off."""
     from dataclasses import replace
 
-    from lightrail.report.runtime import print_train_demo, write_train_demo
-    from lightrail.studies.photonic_demo import DEMO_POLICY, run_photonic_demo
+    from lightrail.report.train_demo import print_train_demo, write_train_demo
     from lightrail.studies.train_demo import DemoConfig
+    from lightrail.studies.train_demo.measure import DEMO_POLICY, run_photonic_demo
 
     fmt = figure_suffix(fmt)
     config = DemoConfig(tp=tp, pp=pp, dp=dp, steps=steps, ranks=ranks)
