@@ -63,22 +63,30 @@ from lightrail.workload.program import CollectiveOp, CommOp, ComputeOp, Program,
 
 __all__ = ["RailFabric", "TraceEvent", "IterationResult", "OpDurations", "simulate_iteration"]
 
+_NO_CIRCUITS = (np.zeros(0, np.int64),) * 3
+
 _CPU = np.array([-1])
 """The emulation host's cores as one link of the flow-level sharing (``fabric.host_cores``; network links are >= 0)."""
 
 
 def _components(tx: np.ndarray, rx: np.ndarray) -> int:
-    """Connected sets of the servers that circuits ``tx[i] -> rx[i]`` join (either direction)."""
-    parent: dict[int, int] = {}
-
-    def root(x: int) -> int:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
-
-    for a, b in zip(tx.tolist(), rx.tolist(), strict=True):
-        parent[root(a)] = root(b)
-    return len({root(x) for x in list(parent)})
+    """Connected sets of the servers that circuits ``tx[i] -> rx[i]`` join (either direction): each server takes
+    the least label of its circuits' ends, then its label's label (pointer jumping), until nothing changes; a set
+    then shares one label (a DP ring of 8,192 servers in a few rounds of array operations)."""
+    if not len(tx):
+        return 0
+    _, ends = np.unique(np.concatenate([tx, rx]), return_inverse=True)
+    a, b = ends[: len(tx)], ends[len(tx):]
+    label = np.arange(int(ends.max()) + 1)
+    while True:
+        low = np.minimum(label[a], label[b])
+        new = label.copy()
+        np.minimum.at(new, a, low)
+        np.minimum.at(new, b, low)
+        new = new[new]
+        if np.array_equal(new, label):
+            return int(np.count_nonzero(label == np.arange(len(label))))
+        label = new
 
 
 @dataclass(frozen=True)
@@ -441,7 +449,9 @@ class _Simulation:
                 if mine or theirs:
                     ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
                     target = self._pair(req) if peer is not None and leases else req
-                    mark, missing = len(self.rails.reconfigs), self._missing(target)
+                    mark = len(self.rails.reconfigs)
+                    known = self.rails.state.known_present(*target.circuits)  # all present: no gather
+                    missing = _NO_CIRCUITS if known else self._missing(target)
                     lit = self.rails.ensure(target, ask + rtt / 2 + command)
                     if len(self.rails.reconfigs) > mark:
                         self._count_groups(it, missing, self.rails.reconfigs[mark:])
