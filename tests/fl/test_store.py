@@ -228,3 +228,22 @@ def test_over_selection_late_results_and_timeouts_as_the_simulator_runs_them(db)
     assert store.complete(db, "e", k, 0)["late"] is True
     assert store.bind(db, "d", k, 0) == "bound"  # the retried round takes clients again
     assert store.double_bookings(db)["total"] == 0
+
+
+def test_a_registration_retried_with_its_request_id_gets_the_same_job_and_a_different_job_is_refused(db):
+    """A reply lost after the commit: the retry with the same idempotency key finds the first job, opens no second
+    round 0; the key reused for another job is refused naming ``request_id``; without a key every call is new."""
+    import pytest
+
+    from lightrail.errors import ScenarioError
+
+    spec = {"min_cpu_ghz": 0.0, "min_memory_gb": 0.0, "os_mask": ALL_OS, "rounds": 3, "demand": 5}
+    first = store.register_job(db, **spec, request_id="run-0")
+    assert store.register_job(db, **spec, request_id="run-0") == first
+    with pytest.raises(ScenarioError) as info:
+        store.register_job(db, **{**spec, "demand": 6}, request_id="run-0")
+    assert info.value.field == "request_id"
+    other = store.register_job(db, **spec)
+    assert store.register_job(db, **spec) != other != first
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 3
+    assert db.execute("SELECT count(*) FROM job_rounds WHERE job = %s", (first,)).fetchone()[0] == 1

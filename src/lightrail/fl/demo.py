@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.fl.data_plane import DataPlane
@@ -203,12 +204,13 @@ async def emulate(info: dict, clients, jobs, *, concurrency: int = 50, time_scal
     jm, lb = f"http://{HOST}:{info['job_manager']}", f"http://{HOST}:{info['load_balancer']}"
     killer = Killer(info["db"], *kill) if kill is not None and kill[0] != "leaf" else None
     async with httpx.AsyncClient(timeout=30.0, limits=httpx.Limits(max_connections=concurrency + 10)) as http:
-        ids = []
+        ids, run = [], uuid.uuid4().hex  # each registration's idempotency key: retried through a restart, one job
         for j in range(len(jobs)):
             r = await _call(http, "POST", f"{jm}/jobs", timeout=timeout,
                             json={"requirements": jobs.requirements(j), "rounds": int(jobs.rounds[j]),
                                   "demand": int(jobs.demand[j]), "work": float(jobs.work[j]),
-                                  "over_selection": rules.over_selection, "round_timeout_s": rules.round_timeout_s})
+                                  "over_selection": rules.over_selection, "round_timeout_s": rules.round_timeout_s,
+                                  "request_id": f"{run}-{j}"})
             r.raise_for_status()
             ids.append(r.json()["job"])
         dp = None

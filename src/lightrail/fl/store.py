@@ -114,6 +114,8 @@ CREATE TABLE IF NOT EXISTS bindings (
 -- data folders from before over-selection: the columns it added
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS over_selection DOUBLE PRECISION NOT NULL DEFAULT 1.0;
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS round_timeout_s DOUBLE PRECISION;
+-- the registering client's idempotency key: a registration retried after a lost reply finds its job
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS request_id TEXT UNIQUE;
 ALTER TABLE job_rounds ADD COLUMN IF NOT EXISTS places INTEGER;
 UPDATE job_rounds SET places = demand WHERE places IS NULL;
 ALTER TABLE job_rounds ADD COLUMN IF NOT EXISTS late INTEGER NOT NULL DEFAULT 0;
@@ -165,18 +167,30 @@ def create_schema(conn) -> None:
 
 def register_job(conn, *, min_cpu_ghz: float, min_memory_gb: float, os_mask: int, rounds: int, demand: int,
                  work: float = 1.0, auto_rounds: bool = True, arrival: float | None = None,
-                 over_selection: float = DEFAULT_OVER_SELECTION, round_timeout_s: float | None = None) -> int:
-    """Insert a job and open its round 0; its id."""
+                 over_selection: float = DEFAULT_OVER_SELECTION, round_timeout_s: float | None = None,
+                 request_id: str | None = None) -> int:
+    """Insert a job and open its round 0; its id. ``request_id``: the caller's idempotency key (as HTTP APIs take an
+    ``Idempotency-Key``): a registration retried after its reply was lost gets the job the first one made, not a
+    second job; the same key with a different job is refused."""
     places = RoundRules(over_selection=over_selection, round_timeout_s=round_timeout_s).places(demand)
+    spec = (min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, auto_rounds, over_selection, round_timeout_s)
     with conn.transaction():
-        job = conn.execute(
-            "INSERT INTO jobs(min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds, "
-            f"over_selection, round_timeout_s) VALUES (%s, %s, %s, %s, %s, %s, COALESCE(%s, {_NOW}), %s, %s, %s) "
-            "RETURNING id", (min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, arrival, auto_rounds,
-                             over_selection, round_timeout_s)).fetchone()[0]
+        row = conn.execute(
+            "INSERT INTO jobs(min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, auto_rounds, over_selection, "
+            f"round_timeout_s, request_id, arrival) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            f"COALESCE(%s, {_NOW})) ON CONFLICT (request_id) DO NOTHING RETURNING id",
+            (*spec, request_id, arrival)).fetchone()
+        if row is None:  # the key registered a job before: that job, if it is the same one
+            job, *first = conn.execute(
+                "SELECT id, min_cpu_ghz, min_memory_gb, os_mask, rounds, demand, work, auto_rounds, over_selection, "
+                "round_timeout_s FROM jobs WHERE request_id = %s", (request_id,)).fetchone()
+            if tuple(first) != spec:
+                raise ScenarioError(f"request_id {request_id!r} registered another job ({job})", field="request_id",
+                                    fix="use a new request_id for a new job; retry a registration with its own")
+            return job
         conn.execute("INSERT INTO job_rounds(job, round, demand, places) VALUES (%s, 0, %s, %s)",
-                     (job, demand, places))
-    return job
+                     (row[0], demand, places))
+    return row[0]
 
 
 def _places(conn, job: int) -> int:

@@ -36,6 +36,8 @@ class Registration(BaseModel):
     auto_rounds: bool = True
     over_selection: float = Field(DEFAULT_OVER_SELECTION, ge=1, le=100)
     round_timeout_s: float | None = Field(None, gt=0)
+    request_id: str | None = Field(None, min_length=1, max_length=128,
+                                   description="Idempotency key: a retried registration gets the same job.")
 
 
 def os_mask(names: list[str]) -> int:
@@ -65,7 +67,8 @@ def make_app(pool: Pool):
         job = pool.run(store.register_job, min_cpu_ghz=body.requirements.min_cpu_ghz,
                        min_memory_gb=body.requirements.min_memory_gb, os_mask=mask, rounds=body.rounds,
                        demand=body.demand, work=body.work, auto_rounds=body.auto_rounds,
-                       over_selection=body.over_selection, round_timeout_s=body.round_timeout_s)
+                       over_selection=body.over_selection, round_timeout_s=body.round_timeout_s,
+                       request_id=body.request_id)
         log_event("job_registered", job=job, rounds=body.rounds, demand=body.demand, os_mask=mask)
         return {"job": job}
 
