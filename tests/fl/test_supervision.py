@@ -38,6 +38,14 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    """Its command line, or none if it ended since it was listed (a start-up helper such as initdb)."""
+    try:
+        return p.cmdline()
+    except psutil.NoSuchProcess:
+        return []
+
+
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     out = []
     for p in procs:
@@ -89,7 +97,7 @@ def test_sigkill_of_fl_serve_takes_its_children_and_temp_dir(read_ready):
         assert os.path.isdir(info["tmp"])
         proc.kill()
         proc.wait(10)
-        assert _wait(lambda: not _alive(family)), f"orphans: {[(p.pid, p.cmdline()) for p in _alive(family)]}"
+        assert _wait(lambda: not _alive(family)), f"orphans: {[(p.pid, _cmdline(p)) for p in _alive(family)]}"
         assert _wait(lambda: not os.path.exists(info["tmp"])), f"{info['tmp']} was left behind"
     finally:
         if proc.poll() is None:
@@ -104,14 +112,15 @@ def test_sigterm_of_fl_demo_stops_every_process(tmp_path):
     try:
         def running():  # fl serve, PostgreSQL and the services are up
             family[:] = _descendants(proc.pid)
-            return any("lightrail.fl.services.load_balancer" in " ".join(p.cmdline()) for p in _alive(family))
+            return any("lightrail.fl.services.load_balancer" in " ".join(_cmdline(p)) for p in _alive(family))
         assert _wait(running, 120), "fl demo did not start its services"
         time.sleep(1.0)  # clients are running rounds
         family[:] = _descendants(proc.pid)
-        tmp = next(a for p in family if p.name() == "postgres" for a in p.cmdline() if "lightrail-fl-" in a)
+        tmp = next(a for argv in map(_cmdline, family) if argv and argv[0].endswith("postgres") for a in argv
+                   if "lightrail-fl-" in a)
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
-        assert _wait(lambda: not _alive(family)), f"left: {[(p.pid, p.cmdline()) for p in _alive(family)]}"
+        assert _wait(lambda: not _alive(family)), f"left: {[(p.pid, _cmdline(p)) for p in _alive(family)]}"
         assert _wait(lambda: not os.path.exists(os.path.dirname(tmp))), f"{tmp} was left behind"
     finally:
         if proc.poll() is None:
