@@ -22,7 +22,7 @@ from lightrail.errors import ScenarioError
 from lightrail.runtime.controller import process
 from lightrail.runtime.controller.process import FAILING, IDLE, RECOVERED, ControllerKiller, _before_failure
 from lightrail.studies.train_demo import DemoConfig
-from lightrail.studies.train_demo.measure import _kills
+from lightrail.studies.train_demo.measure import _kills, _pauses
 
 TINY = DemoConfig(tp=2, pp=2, dp=2, steps=6, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
 
@@ -44,6 +44,18 @@ def test_kill_steps_out_of_range_or_order_are_refused_by_the_library():
         with pytest.raises(ScenarioError) as e:
             _kills(TINY, at, 0.0)
         assert e.value.field == "--kill-controller-at-step" and e.value.fix, at
+
+
+def test_pause_steps_are_checked_as_kill_steps_are():
+    """One check of the steps for both (``_steps``): inside the run, ascending, the flag named; then the length."""
+    assert _pauses(TINY, [2, 4], 5.0) == (2, 4) and _pauses(TINY, 3, 0.5) == (3,)
+    for bad, message in (([0], "cannot pause the controller at step 0"), ([4, 2], r"pause steps \[4, 2\] are not")):
+        with pytest.raises(ScenarioError, match=message) as info:
+            _pauses(TINY, bad, 5.0)
+        assert info.value.field == "--pause-controller-at-step"
+    with pytest.raises(ScenarioError) as info:
+        _pauses(TINY, [2], 0)
+    assert info.value.field == "--pause-for"
 
 
 @pytest.mark.parametrize("values, says", [

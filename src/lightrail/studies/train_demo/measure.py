@@ -416,16 +416,22 @@ def _recovery(run, plain) -> dict | None:
     return {**first, "losses_match_uninterrupted": bool(match)}
 
 
-def _kills(config: DemoConfig, at: int | Sequence[int], after_s: float | Sequence[float]):
-    """``kill_controller_at_step`` and ``kill_controller_after_s`` as equal-length tuples, checked."""
+def _steps(config: DemoConfig, at: int | Sequence[int], *, what: str, flag: str) -> tuple[int, ...]:
+    """The steps at which to ``what`` (kill, pause) the controller, as an ascending tuple inside the run."""
     at = (at,) if isinstance(at, int) else tuple(at)
     for s in at:
         if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s < config.steps:
-            raise ScenarioError(f"cannot kill the controller at step {s!r} of {config.steps}",
-                                field="--kill-controller-at-step", fix=f"a step in 1..{config.steps - 1}")
+            raise ScenarioError(f"cannot {what} the controller at step {s!r} of {config.steps}", field=flag,
+                                fix=f"a step in 1..{config.steps - 1}")
     if list(at) != sorted(at):
-        raise ScenarioError(f"kill steps {list(at)} are not in order", field="--kill-controller-at-step",
+        raise ScenarioError(f"{what} steps {list(at)} are not in order", field=flag,
                             fix="give the steps in ascending order")
+    return at
+
+
+def _kills(config: DemoConfig, at: int | Sequence[int], after_s: float | Sequence[float]):
+    """``kill_controller_at_step`` and ``kill_controller_after_s`` as equal-length tuples, checked."""
+    at = _steps(config, at, what="kill", flag="--kill-controller-at-step")
     after_s = (after_s,) * len(at) if isinstance(after_s, int | float) else tuple(after_s)
     if len(after_s) != len(at) or not all(isinstance(a, int | float) and 0 <= a < 60 for a in after_s):
         raise ScenarioError(f"kill_controller_after_s {after_s!r}: one delay (0..60 s) per kill",
@@ -435,14 +441,7 @@ def _kills(config: DemoConfig, at: int | Sequence[int], after_s: float | Sequenc
 
 def _pauses(config: DemoConfig, at: int | Sequence[int], pause_s: float) -> tuple[int, ...]:
     """``pause_controller_at_step`` as a tuple of steps, checked with ``pause_for_s``."""
-    at = (at,) if isinstance(at, int) else tuple(at)
-    for s in at:
-        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s < config.steps:
-            raise ScenarioError(f"cannot pause the controller at step {s!r} of {config.steps}",
-                                field="--pause-controller-at-step", fix=f"a step in 1..{config.steps - 1}")
-    if list(at) != sorted(at):
-        raise ScenarioError(f"pause steps {list(at)} are not in order", field="--pause-controller-at-step",
-                            fix="give the steps in ascending order")
+    at = _steps(config, at, what="pause", flag="--pause-controller-at-step")
     if isinstance(pause_s, bool) or not isinstance(pause_s, int | float) or not 0 < pause_s <= 600:
         raise ScenarioError(f"--pause-for {pause_s!r} s must be more than 0 and at most 600 s", field="--pause-for",
                             fix="e.g. --pause-for 5s")
