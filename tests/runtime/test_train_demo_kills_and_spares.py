@@ -146,7 +146,10 @@ def test_a_kill_falling_due_during_a_failover_waits_until_the_failed_step_is_don
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("failed_step", "kills", "restarts"), [
-    (2, ["3,4", "4"], 3),  # three kills after the failover
+    # open bug (issue 31), intermittent: 1 of 3 suite runs, 2 of 5 runs beside two busy loops; once a restart after
+    # the back-to-back kills at step 4 was refused ("state file ... in use by a running controller"), once it stalled
+    pytest.param(2, ["3,4", "4"], 3, marks=pytest.mark.xfail(
+        strict=False, reason="intermittent: a restart after back-to-back kills finds the state lock held")),
     (3, ["1,3"], 2),  # before and at the failed step: refused before a failover push gave back the holds on the
 ])                    # wire (one sent just before the push, granted after the reset, held the rebuilt round)
 def test_a_rank_lost_to_a_spare_and_controller_kills_keep_the_losses(tmp_path, failed_step, kills, restarts):
@@ -157,7 +160,7 @@ def test_a_rank_lost_to_a_spare_and_controller_kills_keep_the_losses(tmp_path, f
     cmd = [sys.executable, "-m", "lightrail.cli", "train-demo", "--ranks", "8", "--tp", "2", "--pp", "2", "--dp",
            "2", "--steps", "6", "--spares", "1", "--kill-rank", "3", "--kill-at-step", str(failed_step),
            *[a for k in kills for a in ("--kill-controller-at-step", k)], "--ocs-delay", "2ms", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path)  # ~30 s; a stall fails
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["controller_restarts"] == restarts and result["spares"] == 1
