@@ -758,6 +758,25 @@ def _ready(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
         sel.close()
 
 
+class FakeWriter:
+    """A rank connection's writer without a socket: the lines the server wrote, parsed, and whether it closed."""
+
+    def __init__(self):
+        self.out, self.closed = [], False
+
+    def write(self, data: bytes) -> None:
+        self.out.extend(json.loads(line) for line in data.decode().splitlines())
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default=None):
+        return default  # no socket: nothing unread
+
+
 NATIVE_FRONTEND = pytest.param("native", marks=pytest.mark.skipif(
     c_compiler() is None, reason="--frontend native needs a C compiler"))
 

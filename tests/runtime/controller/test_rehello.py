@@ -10,24 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+from tests.runtime.controller.conftest import FakeWriter
+
 from lightrail.runtime.controller.ranks import Conn, RankServer
-
-
-class _Writer:
-    def __init__(self):
-        self.out, self.closed = [], False
-
-    def write(self, data: bytes) -> None:
-        self.out.extend(json.loads(line) for line in data.decode().splitlines())
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_extra_info(self, name: str, default=None):
-        return default
 
 
 def _line(**message) -> bytes:
@@ -39,7 +24,7 @@ def test_a_rehello_on_a_new_connection_drops_the_old_ones_lease(make):
         c, vt = make()
         server = RankServer(c, c.config)
         token = c.register_job("j", 3)
-        conns = {r: Conn(_Writer(), f"peer:{r}", 0.0, 0.0) for r in range(3)}
+        conns = {r: Conn(FakeWriter(), f"peer:{r}", 0.0, 0.0) for r in range(3)}
 
         def say(conn: Conn, **message) -> dict:
             conn.writer.out.clear()
@@ -58,7 +43,7 @@ def test_a_rehello_on_a_new_connection_drops_the_old_ones_lease(make):
         for r in (0, 1):  # the op under the lease completed; the lease stands (no op in flight)
             conns[r].writer.out.clear()
         # rank 0 reconnects (the controller was paused): its hello on a new connection is read first
-        fresh = Conn(_Writer(), "peer:0b", 0.0, 0.0)
+        fresh = Conn(FakeWriter(), "peer:0b", 0.0, 0.0)
         server.open.add(fresh)
         assert say(fresh, id=1, op="hello", job="j", rank=0, world=3, ports={"rail0": 0}, token=token)["ok"]
         assert conns[0].writer.closed and server.bound[("j", 0)] is fresh
@@ -89,7 +74,7 @@ def test_a_rank_back_inside_an_op_frees_its_ports_with_its_heartbeat(make):
         c, vt = make()
         server = RankServer(c, c.config)
         token = c.register_job("j", 3)
-        conns = {r: Conn(_Writer(), f"peer:{r}", 0.0, 0.0) for r in range(3)}
+        conns = {r: Conn(FakeWriter(), f"peer:{r}", 0.0, 0.0) for r in range(3)}
         for r, conn in conns.items():
             server.open.add(conn)
             server.request(conn, _line(id=1, op="hello", job="j", rank=r, world=3, ports={"rail0": r, "rail1": r},
@@ -104,7 +89,7 @@ def test_a_rank_back_inside_an_op_frees_its_ports_with_its_heartbeat(make):
                 server.request(conns[r], _line(id=3, op="acquire", job="j", rank=r, key=key, lease=True))
             await vt.settle()
         assert c.lease_of("j", "a", 1) is not None and c.lease_of("j", "c", 1) is not None
-        fresh = Conn(_Writer(), "peer:1b", 0.0, 0.0)  # rank 1 back, inside its op on c
+        fresh = Conn(FakeWriter(), "peer:1b", 0.0, 0.0)  # rank 1 back, inside its op on c
         server.open.add(fresh)
         for line in (dict(id=1, op="hello", job="j", rank=1, world=3, ports={"rail0": 1, "rail1": 1}, token=token),
                      dict(id=2, op="hold", job="j", rank=1, key="c", op_no=1)):
@@ -144,7 +129,7 @@ def test_a_lease_held_back_by_hold_goes_on_per_op_once_its_other_holders_are_gon
         token = c.register_job("j", 3)
 
         def conn(peer: str) -> Conn:
-            new = Conn(_Writer(), peer, 0.0, 0.0)
+            new = Conn(FakeWriter(), peer, 0.0, 0.0)
             server.open.add(new)
             return new
 
@@ -193,7 +178,7 @@ def test_a_lease_holder_back_alone_rejoins_the_lease_its_peer_still_holds(make):
         token = c.register_job("j", 3)
 
         def conn(peer: str, rank: int) -> Conn:
-            new = Conn(_Writer(), peer, 0.0, 0.0)
+            new = Conn(FakeWriter(), peer, 0.0, 0.0)
             server.open.add(new)
             server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail1": rank},
                                       token=token))
@@ -230,7 +215,7 @@ def test_a_stale_hello_read_after_the_newer_one_takes_nothing_over(make):
         server = RankServer(c, c.config)
         token = c.register_job("j", 2)
         hello = dict(op="hello", job="j", rank=1, world=2, ports={"rail0": 1}, token=token)
-        stale, fresh = (Conn(_Writer(), f"peer:{n}", 0.0, 0.0, seq=n) for n in (2, 3))
+        stale, fresh = (Conn(FakeWriter(), f"peer:{n}", 0.0, 0.0, seq=n) for n in (2, 3))
         for conn in (stale, fresh):
             server.open.add(conn)
         server.request(fresh, _line(id=1, **hello))
@@ -253,7 +238,7 @@ def test_a_grant_lost_with_the_replaced_connection_rejoins_its_round(make):
         token = c.register_job("j", 3)
 
         def conn(peer: str, rank: int) -> Conn:
-            new = Conn(_Writer(), peer, 0.0, 0.0)
+            new = Conn(FakeWriter(), peer, 0.0, 0.0)
             server.open.add(new)
             server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail0": rank},
                                       token=token))
@@ -289,7 +274,7 @@ def test_both_grants_lost_both_rejoin(make):
         token = c.register_job("j", 3)
 
         def conn(peer: str, rank: int) -> Conn:
-            new = Conn(_Writer(), peer, 0.0, 0.0)
+            new = Conn(FakeWriter(), peer, 0.0, 0.0)
             server.open.add(new)
             server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail0": rank},
                                       token=token))

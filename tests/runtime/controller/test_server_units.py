@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+from tests.runtime.controller.conftest import FakeWriter
 
 from lightrail.errors import ScenarioError
 from lightrail.runtime.controller.protocol import Heartbeat, Hello, parse_push, parse_request, request_id
@@ -75,23 +76,6 @@ def test_rate_log_aggregates_a_flood():
     assert lines[-1] == ("bad_request", {"n": -1})
 
 
-class _Writer:
-    def __init__(self):
-        self.out, self.closed = [], False
-
-    def write(self, data: bytes) -> None:
-        self.out.extend(json.loads(line) for line in data.decode().splitlines())
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_extra_info(self, name: str, default=None):
-        return default  # no socket: nothing unread
-
-
 def test_metrics_counters_stay_monotonic_past_100k(make):
     from lightrail.runtime.controller.metrics import metrics_text
     from lightrail.runtime.controller.ranks import RankServer
@@ -124,7 +108,7 @@ def test_failover_rebinds_the_spares_connection(make, hello):
                                                                          "rewire_s": 0.0}
         conns = {}
         for r in (0, 1, 2):
-            conns[r] = Conn(_Writer(), f"127.0.0.1:{r}", 0.0, 0.0, bound=("j", r))
+            conns[r] = Conn(FakeWriter(), f"127.0.0.1:{r}", 0.0, 0.0, bound=("j", r))
             server.bound[("j", r)] = conns[r]
             server.open.add(conns[r])
         server.fail(conns[1], "test")
@@ -176,7 +160,7 @@ def test_a_rank_whose_heartbeat_waits_unread_is_not_failed(make, hello):
 
     from lightrail.runtime.controller.ranks import Conn, RankServer
 
-    class SockWriter(_Writer):
+    class SockWriter(FakeWriter):
         def __init__(self, sock):
             super().__init__()
             self.sock = sock
