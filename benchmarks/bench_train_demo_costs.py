@@ -59,7 +59,7 @@ def controller_cpu(steps: int, delay_s: float) -> dict:
 
     demo.start_controller, demo.register_job, demo.os.kill = started, registered, stopped
     try:
-        result = demo.run_photonic_demo(DemoConfig(steps=steps), ocs_delay_s=delay_s)
+        result = demo.run_photonic_demo(DemoConfig(steps=steps), ocs_delay=delay_s)
     finally:
         demo.start_controller, demo.register_job, demo.os.kill = start, register, kill
     return {"controller_cpu_s_per_iteration": (seen["after"] - seen["before"]) / steps,

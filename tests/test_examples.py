@@ -46,7 +46,7 @@ def test_torchrun_recipe_runs_a_job_whose_ranks_cross_rails_with_the_losses_of_p
     from lightrail.runtime.controller.process import register_job, start_controller
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_")} | {"OMP_NUM_THREADS": "1"}
-    proc, ready = start_controller(tmp_path / "controller.db", rails=2, ports=4, delay_s=0.001)
+    proc, ready = start_controller(tmp_path / "controller.db", rails=2, ports=4, ocs_delay=0.001)
     try:
         token = register_job(ready["admin_port"], ready["operator_token"], "tr", 4)
         env |= {"LIGHTRAIL_CONTROLLER": f"127.0.0.1:{ready['port']}", "LIGHTRAIL_JOB": "tr", "LIGHTRAIL_TOKEN": token}

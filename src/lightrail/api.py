@@ -67,7 +67,7 @@ def built(scenario: ScenarioLike = None, *, ocs_delay=None, mode: str | None = N
         raise ScenarioError("this call needs a model, and the scenario gives a trace", field="workload",
                             fix="replay traces with `lightrail simulate SCENARIO`")
     if ocs_delay is not None:
-        result = replace(result, fabric=replace(result.fabric, reconfig_delay=_seconds(ocs_delay, "ocs_delay")))
+        result = replace(result, fabric=replace(result.fabric, ocs_delay=_seconds(ocs_delay, "ocs_delay")))
     if mode is not None:
         result = replace(result, policy=replace(result.policy, mode=Mode.parse(mode, field="mode")))
     return result

@@ -268,7 +268,7 @@ class Scenario(_Strict):
         if c.peak_tflops is not None:
             accel = replace(accel, peak_flops=c.peak_tflops * 1e12)
         fabric = RailFabric(kind=FabricKind.PHOTONIC,
-                            reconfig_delay=parse_time(self.ocs.reconfig_delay, field="ocs.reconfig_delay"),
+                            ocs_delay=parse_time(self.ocs.reconfig_delay, field="ocs.reconfig_delay"),
                             nic_bandwidth=nic, nvlink_bandwidth=nvl,
                             latency=parse_time(c.latency, field="cluster.latency"),
                             alpha=parse_time(c.alpha, field="cluster.alpha"), routing=c.routing,

@@ -67,7 +67,7 @@ def test_check_reads_deepseeks_own_config(tmp_path):
 def test_a_bare_zero_is_a_zero_duration_in_scenario_files(field):
     section, key = field.split(".")
     built = parse_scenario({**TINY, section: {**TINY.get(section, {}), key: 0}}).build()
-    attr = {"reconfig_delay": "reconfig_delay", "alpha": "alpha", "latency": "latency"}.get(key, key)
+    attr = {"reconfig_delay": "ocs_delay"}.get(key, key)
     assert getattr(built.fabric, attr) == 0.0
     with pytest.raises(ScenarioError, match="'5' has no unit") as info:
         parse_scenario({**TINY, section: {**TINY.get(section, {}), key: 5}}).build()

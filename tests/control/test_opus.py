@@ -44,7 +44,7 @@ JOBS = {
 
 def run(b, *, kind="photonic", delay=10e-3, params=LIGHTRAIL, control=None):
     """One steady-state iteration; ``control`` = (check-in round trip, command latency), default the fabric's."""
-    fabric = replace(b.fabric, kind=kind, reconfig_delay=delay)
+    fabric = replace(b.fabric, kind=kind, ocs_delay=delay)
     if control is not None:
         fabric = replace(fabric, check_in_rtt=control[0], command_latency=control[1], revoke_rtt=control[0])
     return simulate_iteration(build_program(b.job, defer_dp=params.defer_dp), fabric, params)
@@ -231,7 +231,7 @@ def test_fabric_and_policy_refuse_bad_values():
     with pytest.raises(ScenarioError, match="fabric.kind"):
         RailFabric(kind="copper")
     with pytest.raises(ScenarioError, match="reconfig_delay"):
-        RailFabric(reconfig_delay=-1.0)
+        RailFabric(ocs_delay=-1.0)
     with pytest.raises(ScenarioError, match="ocs.mode"):
         OpusParams(mode="eventually")
 
@@ -270,10 +270,11 @@ def test_random_jobs_keep_the_delay_and_mode_properties(job, policy):
 def test_fabric_errors_name_the_scenario_fields():
     from lightrail.errors import ScenarioError
 
-    for name in ("reconfig_delay", "check_in_rtt", "command_latency"):
+    for name, key in (("ocs_delay", "reconfig_delay"), ("check_in_rtt", "check_in_rtt"),
+                      ("command_latency", "command_latency")):
         with pytest.raises(ScenarioError) as err:
             RailFabric(**{name: -1.0})
-        assert err.value.field == f"ocs.{name}"
+        assert err.value.field == f"ocs.{key}"
 
 
 def test_fabric_kind_is_an_enum_whose_json_is_the_string():

@@ -106,7 +106,7 @@ def test_faster_reconfiguration_never_hurts_and_plans_use_fewer_switches_as_dela
 
 
 def test_choose_picks_the_fastest_planned_algorithm_and_explains():
-    fabric = ReconfigurableFabric(n=16, ports=2, reconfig_delay=1e-6)
+    fabric = ReconfigurableFabric(n=16, ports=2, ocs_delay=1e-6)
     choice = choose("allreduce", 2.0**20, fabric)
     times = [t for _, t, _ in choice.ranking]
     assert times == sorted(times) and choice.plan.total_s == times[0]

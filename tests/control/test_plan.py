@@ -201,7 +201,7 @@ def test_provisioned_learns_at_the_release_and_pays_the_controller_before_switch
     delay, rtt, cmd = 5e-3, 1e-3, 2e-3
 
     def time(rtt_, cmd_, mode="on_demand"):
-        fabric = replace(b.fabric, reconfig_delay=delay, check_in_rtt=rtt_, command_latency=cmd_)
+        fabric = replace(b.fabric, ocs_delay=delay, check_in_rtt=rtt_, command_latency=cmd_)
         return simulate_iteration(prog, fabric, replace(params, mode=mode))
 
     quiet = time(0.0, 0.0)

@@ -130,7 +130,7 @@ def test_nccl_circuits_are_released_only_after_the_data_moved():
 
 @pytest.mark.slow
 def test_a_killed_rank_is_replaced_by_a_spare_and_training_resumes_with_the_same_losses():
-    result = run_photonic_demo(TINY, ocs_delay_s=0.002, spares=1, kill_rank=3, kill_at_step=2).to_dict()
+    result = run_photonic_demo(TINY, ocs_delay=0.002, spares=1, kill_rank=3, kill_at_step=2).to_dict()
     rec = result["recovery"]
     assert rec is not None and rec["rank"] == 3 and rec["spare"] == 8 and result["spares"] == 1
     for key in ("detect_s", "rewire_s", "rebuild_s", "restore_s", "first_step_s"):
@@ -172,7 +172,7 @@ def test_a_hung_rank_is_failed_by_its_heartbeats_and_replaced(tmp_path):
 
     layout = Layout.from_degrees(8, tp=2, pp=2, dp=2, gpus_per_server=2)
     operator = "operator-token-of-this-test-0123456789"
-    proc, info = start_controller(tmp_path / "c.db", rails=2, ports=layout.servers + 1, delay_s=0.002,
+    proc, info = start_controller(tmp_path / "c.db", rails=2, ports=layout.servers + 1, ocs_delay=0.002,
                                   operator_token=operator)
     try:
         token = register_job(info["admin_port"], operator, "hung", 8, 1)

@@ -91,7 +91,7 @@ def test_train_demo_runs_its_one_plan_and_leases_what_the_runtime_plan_would(tp,
 @pytest.mark.slow
 def test_training_on_emulated_photonic_rails_gives_identical_losses(tmp_path):
     config = DemoConfig(tp=2, pp=2, dp=2, steps=3, layers=2, d_model=32, heads=2, microbatches=2, seq=16)
-    result = run_photonic_demo(config, ocs_delay_s=0.002, workdir=tmp_path).to_dict()
+    result = run_photonic_demo(config, ocs_delay=0.002, workdir=tmp_path).to_dict()
     assert result["losses_identical"] and len(result["losses"]) == 3
     assert result["losses"] == result["lightrail_losses"]
     assert result["unsafe_reconfigurations"] == 0
@@ -240,7 +240,7 @@ def _canned(config: DemoConfig, *, ocs_delay_s: float, policy: Policy, **_) -> P
                            "gpipe", switch_grant_latency_s=3e-3, host_cores=2, host_work_s=0.02)
     return PhotonicDemoResult(
         ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps, gpus_per_server=2, rails=2,
-        ocs_delay_s=ocs_delay_s, mode=mode, leases=leases, gloo_iteration_s=0.1, lightrail_iteration_s=0.12,
+        ocs_delay=ocs_delay_s, mode=mode, leases=leases, gloo_iteration_s=0.1, lightrail_iteration_s=0.12,
         overhead_s=0.02, overhead=0.2, predicted_overhead_s=0.01, model_to_measured_ratio=2.0,
         controller_requests_per_iteration=6.0, ops_under_lease=0.5, revocations_per_iteration=1.0,
         reconfigurations_per_iteration=8.0, reconfigurations_per_rail_per_iteration=4.0, request_latency_p50_s=4e-4,

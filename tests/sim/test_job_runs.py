@@ -21,5 +21,5 @@ def test_one_simulation_per_fabric_and_policy_equal_to_a_fresh_one():
     fresh = JobRuns(built.job)(built.fabric, built.policy)
     assert fresh.iteration_time_s == first.iteration_time_s
     assert fresh.summary() == first.summary()
-    other = runs.run(replace(built.fabric, reconfig_delay=0.0), built.policy)
+    other = runs.run(replace(built.fabric, ocs_delay=0.0), built.policy)
     assert other is not first  # another fabric: its own simulation

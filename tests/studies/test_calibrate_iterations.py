@@ -48,7 +48,7 @@ def truth(built) -> list[tuple[str, float | None, str, float]]:
     rows = [("electrical", None, "", runs.electrical(fabric).iteration_time_s)]
     for mode in ("on-demand", "provisioned"):
         for delay, text in DELAYS:
-            r = runs(replace(fabric, reconfig_delay=delay), replace(built.params, mode=Mode(mode)))
+            r = runs(replace(fabric, ocs_delay=delay), replace(built.params, mode=Mode(mode)))
             rows.append((mode, delay, text, r.iteration_time_s))
     return rows
 

@@ -40,7 +40,7 @@ CONFIG = DemoConfig(steps=2)
 
 
 def _electrical(peak: float, cores: int | None) -> float:
-    built = _scenario(CONFIG, gpus_per_server=2, delay_s=0.0, policy=DEMO_POLICY, peak_tflops=peak).build()
+    built = _scenario(CONFIG, gpus_per_server=2, ocs_delay=0.0, policy=DEMO_POLICY, peak_tflops=peak).build()
     return JobRuns(built.job).electrical(replace(built.fabric, host_cores=cores)).iteration_time_s
 
 
@@ -56,7 +56,7 @@ def test_calibration_under_processor_sharing_reproduces_the_measured_iteration()
 
 def test_the_controllers_cpu_lengthens_the_iteration_by_its_share_of_the_cores():
     plan = demo_plan(CONFIG, gpus_per_server=2, policy=replace(DEMO_POLICY, mode="provisioned"))
-    kwargs = dict(gpus_per_server=2, delay_s=0.01, plan=plan, peak_tflops=0.01, host_cores=2)
+    kwargs = dict(gpus_per_server=2, ocs_delay=0.01, plan=plan, peak_tflops=0.01, host_cores=2)
     base = predicted_overhead(CONFIG, **kwargs)
     busy = predicted_overhead(CONFIG, **kwargs, host_work_s=0.02)
     assert busy.overhead_s - base.overhead_s == pytest.approx(0.02 / 2, rel=1e-9)
@@ -69,7 +69,7 @@ def test_the_switch_grant_lag_reaches_the_model_as_a_fabric_parameter():
     """On demand every phase change waits for its switch: the run's lag after each switch adds to the prediction
     (and is reported), where a zero lag adds nothing."""
     plan = demo_plan(CONFIG, gpus_per_server=2, policy=replace(DEMO_POLICY, mode="on-demand"))
-    kwargs = dict(gpus_per_server=2, delay_s=0.01, plan=plan, peak_tflops=0.01, host_cores=2)
+    kwargs = dict(gpus_per_server=2, ocs_delay=0.01, plan=plan, peak_tflops=0.01, host_cores=2)
     none = predicted_overhead(CONFIG, **kwargs, control={"switch_grant_latency": 0.0})
     lag = predicted_overhead(CONFIG, **kwargs, control={"switch_grant_latency": 5e-3})
     assert lag.switch_grant_latency_s == 5e-3

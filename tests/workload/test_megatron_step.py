@@ -257,7 +257,7 @@ def test_the_model_parallel_all_reduce_is_a_phase_of_its_own_where_it_crosses_se
     # the configuration on rail 0: server 0 -> 1 and, wrapping round, 1 -> 0
     assert plan.configurations["tp+pp"][0].tolist() == [1, 0]
     # the photonic iteration still equals the ideal one at zero delay and zero controller latency
-    fabric = RailFabric(kind="photonic", reconfig_delay=0.0, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0)
+    fabric = RailFabric(kind="photonic", ocs_delay=0.0, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0)
     photonic = simulate_iteration(prog, fabric, LIGHTRAIL).iteration_time_s
     assert photonic == pytest.approx(simulate_iteration(prog, replace(fabric, kind="ideal"), LIGHTRAIL)
                                      .iteration_time_s, rel=1e-12)
@@ -277,7 +277,7 @@ def test_the_embedding_exchange_is_a_phase_of_its_own():
     prog = build_program(j, defer_dp=True)
     plan = OpusPlanner(j.layout, LIGHTRAIL).plan(prog)
     assert "embd" in plan.phases
-    fabric = RailFabric(kind="photonic", reconfig_delay=10e-3)
+    fabric = RailFabric(kind="photonic", ocs_delay=10e-3)
     assert simulate_iteration(prog, fabric, LIGHTRAIL).iteration_time_s > 0
 
 

@@ -351,7 +351,7 @@ def build_reconfigurable_fabric(ranks: int, *, ports: int, base: str, bandwidth:
     return ReconfigurableFabric(n=check_ranks(ranks), ports=ports, base=base,
                                 bandwidth=parse_rate(bandwidth, field="--bandwidth"),
                                 latency=parse_time(latency, field="--latency"),
-                                propagation=parse_time(propagation, field="--propagation"), reconfig_delay=delay,
+                                propagation=parse_time(propagation, field="--propagation"), ocs_delay=delay,
                                 alpha=parse_time(alpha, field="--alpha"))
 
 
@@ -413,7 +413,7 @@ def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: st
         raise ScenarioError("this command needs a model, and the scenario gives a trace", field="workload",
                             fix="run traces with `lightrail simulate` or `check`; give model and job here")
     if ocs_delay is not None:
-        built = replace(built, fabric=replace(built.fabric, reconfig_delay=parse_time(ocs_delay, field="--ocs-delay")))
+        built = replace(built, fabric=replace(built.fabric, ocs_delay=parse_time(ocs_delay, field="--ocs-delay")))
     if mode is not None:
         built = replace(built, policy=replace(built.policy, mode=parse_mode(mode)))
     return built

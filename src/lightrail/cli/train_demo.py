@@ -128,7 +128,7 @@ def train_demo_cmd(
     pause_steps = parse_kill_steps(pause_controller_at_step, "--pause-controller-at-step")
     pause_s = parse_time(pause_for, field="--pause-for")
     with end_on_signals(), progress_steps(2, "train-demo", as_json) as step:
-        result = run_photonic_demo(config, ocs_delay_s=delay, policy=policy, gpus_per_server=gpus_per_server,
+        result = run_photonic_demo(config, ocs_delay=delay, policy=policy, gpus_per_server=gpus_per_server,
                                    progress=step,
                                    kill_controller_at_step=kill_steps, spares=spares, kill_rank=kill_rank,
                                    kill_at_step=kill_at_step, pause_controller_at_step=pause_steps,

@@ -34,7 +34,7 @@ class Plan:
 
     schedule: str
     size: float
-    reconfig_delay: float
+    ocs_delay: float
     total_s: float
     step_config: list[int]
     reconfigure: list[bool]
@@ -46,7 +46,7 @@ class Plan:
         return int(sum(self.reconfigure))
 
     def to_dict(self) -> dict:
-        return {"schedule": self.schedule, "size_bytes": self.size, "reconfig_delay_s": self.reconfig_delay,
+        return {"schedule": self.schedule, "size_bytes": self.size, "reconfig_delay_s": self.ocs_delay,
                 "time_s": self.total_s, "reconfigurations": self.reconfigurations,
                 "plan": [{"step": i, "reconfigure": r, "configuration": c, "time_s": t}
                          for i, (r, c, t) in enumerate(zip(self.reconfigure, self.step_config, self.step_s,
@@ -145,7 +145,7 @@ class Planner:
 
     def plan(self, size: float, delay: float | None = None) -> Plan:
         """The optimal plan at one size and delay (the fabric's delay by default)."""
-        delay = self.fabric.reconfig_delay if delay is None else delay
+        delay = self.fabric.ocs_delay if delay is None else delay
         _, _, choice = self._dynamic_programme(np.array([float(size)]), np.array([float(delay)]), track=True)
         return self._replay(size, delay, choice)
 
@@ -204,13 +204,13 @@ class Planner:
         cb = np.array([size / self.schedule.collective.chunks_per_buffer])
         times = [float(self.cost(i, 0, cb)[0]) for i in range(len(self.patterns))]
         steps = len(times)
-        return Plan(self.schedule.name, size, self.fabric.reconfig_delay, sum(times), [0] * steps, [False] * steps,
+        return Plan(self.schedule.name, size, self.fabric.ocs_delay, sum(times), [0] * steps, [False] * steps,
                     times, self.configs)
 
     def plan_threshold(self, size: float, delay: float | None = None) -> Plan:
         """Short-circuiting rings' greedy rule: switch to a step's own circuits when the congestion
         and dilation it would pay on the current ones exceed the delay."""
-        delay = self.fabric.reconfig_delay if delay is None else delay
+        delay = self.fabric.ocs_delay if delay is None else delay
         cb = np.array([size / self.schedule.collective.chunks_per_buffer])
         config, total = 0, 0.0
         configs, flags, times = [], [], []
@@ -230,7 +230,7 @@ class Planner:
 
     def plan_brute_force(self, size: float, delay: float | None = None) -> float:
         """The best total over every choice sequence (exponential: small schedules only)."""
-        delay = self.fabric.reconfig_delay if delay is None else delay
+        delay = self.fabric.ocs_delay if delay is None else delay
         cb = np.array([size / self.schedule.collective.chunks_per_buffer])
         options = [[None, *self.candidates[i]] for i in range(len(self.patterns))]
         cost: dict[tuple[int, int], float] = {}

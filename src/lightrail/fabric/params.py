@@ -61,15 +61,15 @@ class RailFabric:
 
     Errors name the scenario file's field:
 
-    >>> RailFabric(reconfig_delay=-1.0)
+    >>> RailFabric(ocs_delay=-1.0)
     Traceback (most recent call last):
     ...
-    lightrail.errors.ScenarioError: ocs.reconfig_delay: reconfig_delay=-1.0; use 0 or more seconds
+    lightrail.errors.ScenarioError: ocs.reconfig_delay: ocs_delay=-1.0; use 0 or more seconds
     """
 
     kind: FabricKind = FabricKind.PHOTONIC
     """A FabricKind, or its string."""
-    reconfig_delay: float = RECONFIG_DELAY
+    ocs_delay: float = RECONFIG_DELAY
     """OCS reconfiguration delay in seconds (MEMS: 10-25 ms, DESIGN.md); ignored by other kinds."""
     nic_bandwidth: float = NIC_BANDWIDTH
     nvlink_bandwidth: float = NVLINK_BANDWIDTH
@@ -112,10 +112,11 @@ class RailFabric:
         except ValueError:
             raise ScenarioError(f"unknown fabric {self.kind!r}", field="fabric.kind",
                                 fix="use electrical, photonic or ideal") from None
-        # named as the scenario file names them (its ocs section)
-        for name in ("reconfig_delay", "check_in_rtt", "command_latency", "revoke_rtt", "switch_grant_latency"):
+        # named as the scenario file names them (its ocs section; ocs_delay is the file's reconfig_delay)
+        for name in ("ocs_delay", "check_in_rtt", "command_latency", "revoke_rtt", "switch_grant_latency"):
             if getattr(self, name) < 0:
-                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"ocs.{name}",
+                key = "reconfig_delay" if name == "ocs_delay" else name
+                raise ScenarioError(f"{name}={getattr(self, name)}", field=f"ocs.{key}",
                                     fix="use 0 or more seconds")
         if self.host_cores is not None and (isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int)
                                             or self.host_cores < 1):
@@ -131,7 +132,7 @@ class RailFabric:
 
     @property
     def delay(self) -> float:
-        return self.reconfig_delay if self.kind is FabricKind.PHOTONIC else 0.0
+        return self.ocs_delay if self.kind is FabricKind.PHOTONIC else 0.0
 
     @property
     def rtt(self) -> float:
@@ -172,7 +173,7 @@ class ReconfigurableFabric:
     """Per hop (switching, serialisation), seconds."""
     propagation: float = 0.0
     """Fibre delay added to every circuit hop (5 ns/m, DESIGN.md), seconds."""
-    reconfig_delay: float = 10e-6
+    ocs_delay: float = 10e-6
     """Circuit reconfiguration delay, seconds (default: a microsecond-class photonic switch, not MEMS)."""
     alpha: float = ALPHA
     initial: Literal["ring", "none"] = "ring"
@@ -185,8 +186,8 @@ class ReconfigurableFabric:
             raise ScenarioError(f"{self.ports} ports", field="ports", fix="use 1 or more optical ports per GPU")
         if self.base not in ("none", "ring", "torus"):
             raise ScenarioError(f"unknown base {self.base!r}", field="base", fix="use none, ring or torus")
-        if self.reconfig_delay < 0 or self.propagation < 0:
-            raise ScenarioError("delays must be non-negative", field="reconfig_delay")
+        if self.ocs_delay < 0 or self.propagation < 0:
+            raise ScenarioError("delays must be non-negative", field="ocs_delay")
         if self.base == "none" and self.initial == "none":
             raise ScenarioError("no base topology and no initial circuits leave GPUs unconnected", field="initial",
                                 fix="use initial='ring' or a base topology")

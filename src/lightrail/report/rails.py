@@ -40,7 +40,7 @@ def write_simulate(result: RailsComparison, out_dir: Path, *, fmt: str = "png") 
     from lightrail.report.plots import plot_breakdown, plot_overhead_breakdown  # matplotlib: only to write
 
     built = result.built
-    setting = f"OCS delay {format_time(built.fabric.reconfig_delay)}, {built.policy.mode}"
+    setting = f"OCS delay {format_time(built.fabric.ocs_delay)}, {built.policy.mode}"
     rows = {f"{name} rails" if name != "ideal" else "ideal rails (OCS, 0 delay)": summary
             for name, summary in result.breakdown.items()}
     return [plot_breakdown(rows, out_dir / f"breakdown.{fmt}",
@@ -61,7 +61,7 @@ def print_simulate(result: RailsComparison, console: Console, out_dir: Path, *, 
                         f"{result.layout}")
     table.add_column("")
     table.add_column("electrical rails", justify="right")
-    table.add_column(f"photonic rails ({format_time(built.fabric.reconfig_delay)})", justify="right")
+    table.add_column(f"photonic rails ({format_time(built.fabric.ocs_delay)})", justify="right")
     table.add_row("iteration time", format_time(e["iteration_time_s"]), format_time(p["iteration_time_s"]))
     table.add_row("overhead", "-", format_percent(result.overhead))
     for key, label in _PARTS:

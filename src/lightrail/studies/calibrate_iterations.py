@@ -210,7 +210,7 @@ class _Model:
             if runs is None:
                 self._runs = {mfu: JobRuns(replace(self.built.job, mfu=mfu))}  # one mfu at a time: keep one
                 runs = self._runs[mfu]
-            fabric = replace(self.built.fabric, reconfig_delay=delay, check_in_rtt=rtt, command_latency=command)
+            fabric = replace(self.built.fabric, ocs_delay=delay, check_in_rtt=rtt, command_latency=command)
             result = runs(fabric, replace(self.built.policy, mode=Mode(mode)))
             self._photonic[key] = result.iteration_time_s
             self.simulations += 1

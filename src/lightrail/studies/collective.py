@@ -221,5 +221,5 @@ def reconfigurable_collective(op: str | Kind, algorithm: str, size: float, fabri
         topology=f"reconfigurable(ports={fabric.ports},base={fabric.base})", ports=fabric.ports,
         time_s=plan.total_s, static_time_s=static.total_s, threshold_time_s=greedy.total_s, steps=schedule.nsteps,
         algbw_Bps=algbw, busbw_Bps=algbw * bus_factor(algo.kind, fabric.n), verified=True,
-        verification=proof.method, reconfig_delay_s=fabric.reconfig_delay, reconfigurations=plan.reconfigurations,
+        verification=proof.method, reconfig_delay_s=fabric.ocs_delay, reconfigurations=plan.reconfigurations,
         exact=planner.exact, plan=tuple(plan.to_dict()["plan"]))

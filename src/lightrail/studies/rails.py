@@ -68,7 +68,7 @@ class JobRuns:
         program = self.program(params.defer_dp)
         planner = self._planners.setdefault(params, OpusPlanner(self.job.layout, params))
         key = (params.defer_dp, params.split_pp, replace(fabric, kind="photonic" if fabric.circuits else fabric.kind,
-                                                         reconfig_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
+                                                         ocs_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
                                                          revoke_rtt=0.0, drain=True))
         durations = self._durations.setdefault(key, OpDurations(program, fabric))
         return simulate_iteration(program, fabric, plan or params, planner=planner, durations=durations)
@@ -100,8 +100,8 @@ def _counterfactuals(runs: JobRuns, fabric: RailFabric, params: Policy | Plan) -
     draining (:func:`overhead_breakdown`)."""
     quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0)
     no_control = runs.run(quiet, params).iteration_time_s
-    no_delay = runs.run(replace(quiet, reconfig_delay=0.0), params).iteration_time_s
-    no_drain = runs.run(replace(quiet, reconfig_delay=0.0, drain=False), params).iteration_time_s
+    no_delay = runs.run(replace(quiet, ocs_delay=0.0), params).iteration_time_s
+    no_drain = runs.run(replace(quiet, ocs_delay=0.0, drain=False), params).iteration_time_s
     return no_control, no_delay, no_drain
 
 
@@ -265,7 +265,7 @@ def compare_rails(built: Built, *, ablation: bool = True,
         scenario=built.scenario.name,
         layout=str(lay),
         gpus=lay.world,
-        reconfig_delay_s=fabric.reconfig_delay,
+        reconfig_delay_s=fabric.ocs_delay,
         check_in_rtt_s=fabric.check_in_rtt,
         command_latency_s=fabric.command_latency,
         routing=fabric.routing,
@@ -389,7 +389,7 @@ def delay_sweep(built: Built, delays: Sequence[float], *,
     for policy_name, policy in (("lightrail", params), ("opus", ORIGINAL)):
         for mode in modes:
             for delay in delays:
-                at, knobs = replace(fabric, reconfig_delay=delay), replace(policy, mode=mode)
+                at, knobs = replace(fabric, ocs_delay=delay), replace(policy, mode=mode)
                 r = runs.run(at, knobs)
                 rows.append(DelayRun(delay_s=delay, mode=str(mode), policy=policy_name,
                                      iteration_time_s=r.iteration_time_s, overhead=r.iteration_time_s / base - 1,

@@ -31,7 +31,7 @@ def test_train_demo_killing_the_controller_20_times_keeps_the_losses(tmp_path):
                         micro_batch=2)
     at = sorted(rng.randrange(1, config.steps) for _ in range(KILLS))
     after_s = [rng.uniform(0.0, 0.05) for _ in range(KILLS)]
-    result = run_photonic_demo(config, ocs_delay_s=0.002, workdir=tmp_path, kill_controller_at_step=at,
+    result = run_photonic_demo(config, ocs_delay=0.002, workdir=tmp_path, kill_controller_at_step=at,
                                kill_controller_after_s=after_s)
     assert result.controller_restarts == KILLS, (at, after_s)
     assert result.losses_identical, (at, after_s)

@@ -199,7 +199,7 @@ def test_metrics_show_grant_latency_by_kind_the_switch_overhead_and_the_revoke_r
     pytest.importorskip("prometheus_client")
     from lightrail.runtime.controller.client import ControllerClient
 
-    proc, info = start_controller(tmp_path / "c.db", rails=2, ports=8, delay_s=0.005)
+    proc, info = start_controller(tmp_path / "c.db", rails=2, ports=8, ocs_delay=0.005)
     admin = f"http://{info['host']}:{info['admin_port']}"
     try:
         r = httpx.post(f"{admin}/jobs", json={"job": "j", "world": 3},

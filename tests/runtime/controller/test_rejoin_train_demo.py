@@ -25,7 +25,7 @@ def test_pp4_train_demo_survives_8_controller_kills_with_the_same_losses(tmp_pat
                         micro_batch=2)
     at = list(range(2, 10))
     after_s = [rng.uniform(0.0, 0.05) for _ in at]
-    result = run_photonic_demo(config, ocs_delay_s=0.002, workdir=tmp_path, kill_controller_at_step=at,
+    result = run_photonic_demo(config, ocs_delay=0.002, workdir=tmp_path, kill_controller_at_step=at,
                                kill_controller_after_s=after_s)
     assert result.controller_restarts == len(at), after_s
     assert result.losses_identical, after_s

@@ -23,13 +23,13 @@ __all__ = ["start_controller", "register_job", "ControllerKiller", "ControllerPa
            "RECOVERED"]
 
 
-def start_controller(state: Path, *, rails: int, ports: int, delay_s: float, timeout: float = 30.0, port: int = 0,
+def start_controller(state: Path, *, rails: int, ports: int, ocs_delay: float, timeout: float = 30.0, port: int = 0,
                      admin_port: int = 0, operator_token: str | None = None, restart: bool = False):
     """Start ``lightrail controller serve``, on free ports unless given (a restart passes the first start's
     ports, state file and ``operator_token``; its log is appended to); returns (process, ready info)."""
     cmd = [sys.executable, "-m", "lightrail.cli", "controller", "serve", "--port", str(port), "--admin-port",
            str(admin_port), "--state", str(state), "--rails", str(rails), "--ports", str(ports), "--ocs-delay",
-           f"{delay_s}s"]
+           f"{ocs_delay}s"]
     env = None if operator_token is None else {**os.environ, "LIGHTRAIL_OPERATOR_TOKEN": operator_token}
     log = open(state.with_suffix(".log"), "a" if restart else "w")  # noqa: SIM115 (the process owns it until it exits)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env,

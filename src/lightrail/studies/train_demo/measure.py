@@ -175,14 +175,14 @@ def _setup_with_bare(config: torch_backend.BackendConfig) -> torch_backend.Agent
     return torch_backend.setup(config)
 
 
-def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy = DEMO_POLICY,
+def run_photonic_demo(config: DemoConfig, *, ocs_delay: float, policy: Policy = DEMO_POLICY,
                       gpus_per_server: int | None = None, workdir: Path | None = None,
                       progress=lambda what: None, kill_controller_at_step: int | Sequence[int] = (),
                       kill_controller_after_s: float | Sequence[float] = 0.0, spares: int = 0,
                       kill_rank: int | None = None, kill_at_step: int | None = None,
                       pause_controller_at_step: int | Sequence[int] = (), pause_for_s: float = 5.0,
                       ) -> PhotonicDemoResult:
-    """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay_s``; compare with
+    """Train on gloo, then on the lightrail backend with a controller at ``ocs_delay`` seconds; compare with
     ``simulate`` for the same job, its compute calibrated on the gloo run. ``policy`` (mode, leases) is
     planned once (:func:`demo_plan`); the backend and the prediction execute that one Plan.
 
@@ -220,7 +220,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(workdir or tmp) / "controller.db"
         operator = secrets.token_urlsafe(32)  # the admin API's; the same after a restart
-        start = functools.partial(start_controller, state, rails=g, ports=layout.servers + spares, delay_s=ocs_delay_s,
+        start = functools.partial(start_controller, state, rails=g, ports=layout.servers + spares, ocs_delay=ocs_delay,
                                   operator_token=operator)
         proc, info = start()
         killer = None
@@ -272,7 +272,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     rtt_p50 = round_trips[len(round_trips) // 2] if round_trips else None
     cores = host_cores()  # 8 processes on them: the model computes under processor sharing, as they did
     peak = calibrated_peak_tflops(config, gpus_per_server=g, iteration_s=plain.median_iteration_s, host_cores=cores)
-    predicted = predicted_overhead(config, gpus_per_server=g, delay_s=ocs_delay_s, plan=plan, peak_tflops=peak,
+    predicted = predicted_overhead(config, gpus_per_server=g, ocs_delay=ocs_delay, plan=plan, peak_tflops=peak,
                                    control=measured_control(metrics, round_trips, leases=plan.leases),
                                    host_cores=cores, host_work_s=_host_work(photonic, config, cpu_before, cpu_after))
     reconfigs = sum(v for k, v in metrics.items() if k.startswith("lightrail_reconfigurations_total"))
@@ -288,7 +288,7 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay_s: float, policy: Policy 
     wrapper = None if bare is None else bare.median_iteration_s - plain.median_iteration_s
     return PhotonicDemoResult(
         ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps,
-        gpus_per_server=g, rails=g, ocs_delay_s=ocs_delay_s, mode=plan.mode, leases=plan.leases,
+        gpus_per_server=g, rails=g, ocs_delay_s=ocs_delay, mode=plan.mode, leases=plan.leases,
         gloo_iteration_s=plain.median_iteration_s,
         lightrail_iteration_s=main.median_iteration_s,
         overhead_s=measured_overhead,

@@ -25,11 +25,11 @@ its destination GPU (pipeline rails not split), the DP all-reduce after the last
 ``--mode`` and ``--leases`` replace those two fields."""
 
 
-def _scenario(config: DemoConfig, *, gpus_per_server: int, delay_s: float, policy: Policy,
+def _scenario(config: DemoConfig, *, gpus_per_server: int, ocs_delay: float, policy: Policy,
               peak_tflops: float | None, control: Mapping[str, float] | None = None):
     from lightrail.scenario import parse_scenario
 
-    ocs = {"reconfig_delay": f"{delay_s}s", **policy.to_dict(),
+    ocs = {"reconfig_delay": f"{ocs_delay}s", **policy.to_dict(),
            **{name: f"{seconds}s" for name, seconds in (control or {}).items()}}
     cluster = {"gpus": config.world, "gpus_per_server": gpus_per_server}
     if peak_tflops is not None:
@@ -65,7 +65,7 @@ def calibrated_peak_tflops(config: DemoConfig, *, gpus_per_server: int, iteratio
     from lightrail.studies.rails import JobRuns
 
     def electrical(peak: float) -> float:
-        built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=DEMO_POLICY,
+        built = _scenario(config, gpus_per_server=gpus_per_server, ocs_delay=0.0, policy=DEMO_POLICY,
                           peak_tflops=peak).build()
         return JobRuns(built.job).electrical(replace(built.fabric, host_cores=host_cores)).iteration_time_s
 
@@ -140,12 +140,12 @@ def demo_plan(config: DemoConfig, *, gpus_per_server: int, policy: Policy = DEMO
     backend executes it (``BackendConfig.plan``, pickled to the workers) and the prediction simulates it."""
     from lightrail.studies.rails import JobRuns
 
-    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=0.0, policy=policy,
+    built = _scenario(config, gpus_per_server=gpus_per_server, ocs_delay=0.0, policy=policy,
                       peak_tflops=None).build()
     return OpusPlanner(built.job.layout, policy).plan(JobRuns(built.job).program(policy.defer_dp))
 
 
-def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: float, plan: Plan,
+def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, ocs_delay: float, plan: Plan,
                        peak_tflops: float | None = None, control: Mapping[str, float] | None = None,
                        host_cores: int | None = None, host_work_s: float | None = None) -> Prediction:
     """What ``lightrail simulate`` predicts for the same model, layout, micro-batches, pipeline schedule
@@ -162,7 +162,7 @@ def predicted_overhead(config: DemoConfig, *, gpus_per_server: int, delay_s: flo
 
     control = dict(control or {})
     after = control.pop("switch_grant_latency", None)  # the fabric's, not a scenario field
-    built = _scenario(config, gpus_per_server=gpus_per_server, delay_s=delay_s, policy=plan.policy,
+    built = _scenario(config, gpus_per_server=gpus_per_server, ocs_delay=ocs_delay, policy=plan.policy,
                       peak_tflops=peak_tflops, control=control).build()
     fabric = replace(built.fabric, host_cores=host_cores,
                      **({} if after is None else {"switch_grant_latency": after}))
