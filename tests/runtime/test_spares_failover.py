@@ -186,3 +186,23 @@ def test_a_hung_rank_is_failed_by_its_heartbeats_and_replaced(tmp_path):
     assert (rec.rank, rec.spare, rec.checkpoint_step, rec.steps_lost, rec.detected_by) == (3, 8, 1, 0, "controller")
     assert 0 <= rec.detect_s <= rec.first_step_s and "timeout" not in rec.woken_by
     assert run.main.losses_consistent and run.main.loss_bits == run_demo(TINY).main.loss_bits
+
+
+def test_waiting_for_a_failover_no_process_announces_ends_in_one_line():
+    """A rank whose op failed while no process died (a controller that stopped answering, say) waits for the
+    launcher's notice; none comes, and the wait ends in a LightrailError naming it, not a bare store timeout
+    (issue 31: the stall was reported as ``DistStoreError: wait timeout ... /notice/2``)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from lightrail.errors import InfeasibleError
+    from lightrail.runtime.launch import Elastic, Notice
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    elastic = Elastic(store.port, 0, 2, 1, timeout_s=0.2)
+    with pytest.raises(InfeasibleError, match=r"no process failed within 0.2 s \(no failover notice 1\)") as info:
+        elastic.notice(1, timeout_s=0.2)
+    assert info.value.field == "--spares"
+    store.set("notice/1", '{"generation": 1, "rank": 3, "spare": 2, "t_detected": 0.0}')
+    assert elastic.notice(1, timeout_s=0.2) == Notice(1, 3, 2, 0.0)

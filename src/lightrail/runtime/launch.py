@@ -180,7 +180,11 @@ class Elastic:
     def notice(self, generation: int, timeout_s: float = 60.0) -> Notice:
         """Block until the launcher announces the failure that starts ``generation``."""
         key = f"notice/{generation}"
-        self.store.wait([key], timedelta(seconds=timeout_s))
+        try:
+            self.store.wait([key], timedelta(seconds=timeout_s))
+        except dist.DistStoreError:  # no process died: nothing will be announced
+            raise InfeasibleError(f"no process failed within {timeout_s:g} s (no failover notice {generation})",
+                                  field="--spares") from None
         return Notice(**json.loads(self.store.get(key)))
 
     def report_failed(self, rank: int, generation: int) -> None:

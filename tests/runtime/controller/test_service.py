@@ -22,6 +22,7 @@ pytest.importorskip("prometheus_client")
 
 from tests.runtime.controller.conftest import NATIVE_FRONTEND  # noqa: E402
 
+from lightrail.errors import InfeasibleError  # noqa: E402
 from lightrail.runtime.controller.client import ControllerClient, ControllerError  # noqa: E402
 
 
@@ -457,3 +458,22 @@ def test_admin_change_to_a_port_still_switching_is_a_409(make):
                 assert (await unauth.get("/metrics")).headers["content-type"].startswith("text/plain; version=0.0.4")
 
     asyncio.run(run())
+
+
+def test_a_wait_past_the_clients_timeout_names_the_request(spawn, tmp_path):
+    """A rank whose acquire is never answered (its peer never asks) ends in one error naming what it asked for,
+    so a stalled job's log says which group held it up (issue 31)."""
+    proc, info = spawn(tmp_path / "c.db")
+    token = _register(info, "t", 2)
+    ranks = [ControllerClient(info["host"], info["port"], job="t", rank=r, timeout=0.5, token=token) for r in (0, 1)]
+    try:
+        for r, c in enumerate(ranks):
+            c.hello(2, {"rail0": r})
+        for c in ranks:
+            c.declare("dp", [0, 1], {"rail0": {0: 1, 1: 0}}, phase="dp")
+        with pytest.raises(InfeasibleError, match=r"no reply from the controller within 0.5 s to acquire dp;") as e:
+            ranks[0].acquire("dp")
+        assert e.value.field == "controller"
+    finally:
+        for c in ranks:
+            c.close()

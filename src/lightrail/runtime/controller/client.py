@@ -136,8 +136,10 @@ class ControllerClient(Link):
                                           fix="check the controller's log; restart it and the job")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise InfeasibleError(f"no reply from the controller within {self.timeout} s", field="controller",
-                                          fix="check the controller's log")
+                    asked = next((f" to {r.op} {r.fields.get('key', '')}".rstrip() for r in self._pending.values()
+                                  if r.logical == request_id), "")
+                    raise InfeasibleError(f"no reply from the controller within {self.timeout} s{asked}",
+                                          field="controller", fix="check the controller's log")
                 self._cond.wait(left)
             reply = self._replies.pop(request_id)
             failed, self._failed = self._failed, []

@@ -120,6 +120,7 @@ def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Fai
                 if not _recovery_error(e):
                     raise
                 failed, reason = True, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                field = e.field if isinstance(e, LightrailError) and e.field else "rank"
             if not failed:
                 return {**replica.result(rank), "recovery": records, "proc": proc}
             t_error = time.time()
@@ -127,7 +128,11 @@ def elastic_train_worker(proc: int, world: int, config: DemoConfig, failure: Fai
             if push is not None and push.get("op") == "failover":
                 elastic.report_failed(push["rank"], generation)  # a hung rank's process still lives
             _drop_groups(replica, agent)
-            notice = elastic.notice(generation + 1, timeout_s=elastic.timeout_s)
+            try:
+                notice = elastic.notice(generation + 1, timeout_s=elastic.timeout_s)
+            except InfeasibleError as e:  # the error was not a peer's failure: it is the job's, said as it was
+                raise InfeasibleError(f"rank {rank} stopped at step {step} on {reason}, and {e.message}",
+                                      field=field, fix="see the controller's log beside its state file") from None
             if notice.spare is None:
                 raise InfeasibleError(f"rank {notice.rank} failed and no spare is left", field="--spares",
                                       fix="start the job with (more) --spares")
