@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 from lightrail.cli.output import output_folder, print_json, progress_steps, save_result
@@ -44,9 +46,18 @@ def test_progress_steps_advances_the_bar_once_per_call(monkeypatch):
 
     real = output.progress_bar
     monkeypatch.setattr(output, "progress_bar", spy)
-    with progress_steps(3, "steps", quiet=True) as step:
+    with progress_steps(3, "steps", quiet=False) as step:  # stderr is no terminal here: the bar stays hidden
         for name in ("a", "b", "c"):
             step(name)
     (progress, task), = bars
     done = progress.tasks[0]
     assert (done.id, done.completed, done.total, done.description) == (task, 3, 3, "c")
+
+
+def test_a_quiet_progress_bar_is_a_no_op_without_rich():
+    """``--json`` runs get a bar that takes the same calls and imports no rich (issue 33: rich is ~15 ms)."""
+    code = ("import sys; from lightrail.cli.output import progress_steps\n"
+            "with progress_steps(3, 'steps', quiet=True) as step:\n    step('a')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "[]"

@@ -1,23 +1,29 @@
 """The ``lightrail`` Typer app, its consoles, and the one error handler every verb wears.
 
 Every ``LightrailError`` becomes one line on stderr and exit code 2, with no traceback.
+
+Lean start (issue 33): the app imports its verbs' modules only when its command tree is first read (all of
+them: ``--help``, ``CliRunner``), unless :func:`lightrail.cli.main` loaded just the one verb a command line names;
+the consoles import rich on their first use, so a ``--json`` run never does.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import re
 import sys
+from collections.abc import Iterable
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from lightrail import __version__
+from lightrail.cli.coerce import lighten
 from lightrail.errors import LightrailError, ScenarioError
-from lightrail.report.format import TableConsole
 
 EXAMPLES = """Examples:
 
@@ -38,11 +44,123 @@ lightrail simulate -h                            # a verb's flags
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 """``-h`` as well as ``--help``, as most command-line tools have; click hands it down to every verb."""
 
-app = typer.Typer(name="lightrail", no_args_is_help=True, context_settings=HELP_OPTIONS, epilog=EXAMPLES,
-                  help="Toolkit and control plane for reconfigurable photonic networks in ML clusters.")
-out = TableConsole()
+
+
+class LeanCommand(TyperCommand):
+    """A verb whose plain options Typer coerces without pydantic (:mod:`lightrail.cli.coerce`)."""
+
+    def get_params(self, ctx):
+        return lighten(super().get_params(ctx))
+
+
+class LeanGroup(TyperGroup):
+    """A verb group (or the root) whose plain options Typer coerces without pydantic."""
+
+    def get_params(self, ctx):
+        return lighten(super().get_params(ctx))
+
+
+class LeanTyper(typer.Typer):
+    """A Typer app whose groups and commands are :class:`LeanGroup` and :class:`LeanCommand` (unless told
+    otherwise): every verb group's app is one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("cls", LeanGroup)
+        super().__init__(*args, **kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", LeanCommand)
+        return super().command(*args, **kwargs)
+
+
+class VerbApp(LeanTyper):
+    """The root Typer app, whose verbs register themselves when their modules (``lightrail.cli.<module>``) are
+    imported. Reading the command tree (``registered_commands``, as Typer does to build it) imports every verb
+    module first, unless :meth:`load` already imported the ones a command line needs."""
+
+    def __init__(self, *args, **kwargs):
+        self._loaded = self._registering = False
+        super().__init__(*args, **kwargs)
+
+    def command(self, *args, **kwargs):
+        decorator = super().command(*args, **kwargs)
+
+        def register(fn):
+            with self._registration():
+                return decorator(fn)
+
+        return register
+
+    def add_typer(self, *args, **kwargs) -> None:
+        with self._registration():
+            super().add_typer(*args, **kwargs)
+
+    @contextmanager
+    def _registration(self):
+        """A verb registering itself adds to the tree without reading it (which would import every verb)."""
+        self._registering = True
+        try:
+            yield
+        finally:
+            self._registering = False
+
+    def load(self, modules: Iterable[str] | None = None) -> None:
+        """Import the verb modules ``modules`` (names under ``lightrail.cli``; None: all of them), once."""
+        self._loaded = True
+        if modules is None:
+            from lightrail.cli import VERB_MODULES
+
+            modules = VERB_MODULES
+        for name in modules:
+            importlib.import_module(f"lightrail.cli.{name}")
+
+    def _read(self, value: list) -> list:
+        if not self._loaded and not self._registering:
+            self.load()
+        return value
+
+    registered_commands = property(lambda self: self._read(self._commands),
+                                   lambda self, value: setattr(self, "_commands", value))
+    registered_groups = property(lambda self: self._read(self._groups),
+                                 lambda self, value: setattr(self, "_groups", value))
+
+
+class _LazyConsole:
+    """A rich console made on first use (rich costs ~15 ms to import, and ``--json`` prints none): attributes
+    are the console's; :attr:`console` is the console itself, for rich objects that take one."""
+
+    def __init__(self, make):
+        self._make = make
+        self._console = None
+
+    @property
+    def console(self):
+        if self._console is None:
+            self._console = self._make()
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self.console, name)
+
+
+def _table_console():
+    from lightrail.report.format import TableConsole
+
+    return TableConsole()
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+app = VerbApp(name="lightrail", no_args_is_help=True, context_settings=HELP_OPTIONS, epilog=EXAMPLES,
+              help="Toolkit and control plane for reconfigurable photonic networks in ML clusters.")
+out = _LazyConsole(_table_console)
 """stdout: tables are never cut short (folded in a terminal, printed at full width when piped)."""
-err = Console(stderr=True)
+err = _LazyConsole(_stderr_console)
+"""stderr: errors, notes and progress bars."""
 
 
 def current_context():
@@ -109,6 +227,8 @@ def friendly(fn):
                 check_writable(kwargs["out_dir"], field=_flag("out_dir"))
             return fn(*args, **kwargs)
         except LightrailError as e:
+            from rich.markup import escape
+
             e.field = _flag(e.field)
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly, given_on_command_line, out
+from lightrail.cli.app import LeanTyper, app, friendly, given_on_command_line, out
 from lightrail.cli.options import (
     LATENCY_DEFAULT,
     FigureFormat,
@@ -30,7 +30,7 @@ from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, Kind
 from lightrail.errors import LightrailError, ScenarioError
 from lightrail.units import parse_rate, parse_time
 
-calibrate_app = typer.Typer(no_args_is_help=True, help="Fit the model's parameters to measurements.")
+calibrate_app = LeanTyper(no_args_is_help=True, help="Fit the model's parameters to measurements.")
 app.add_typer(calibrate_app, name="calibrate")
 
 MODELS = ("nccl", "engine")

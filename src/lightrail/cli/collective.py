@@ -87,7 +87,6 @@ def collective_cmd(
     """Simulate one collective: time, algorithm and bus bandwidth, steps, and the verifier's proof;
     with --reconfigurable, the exact reconfiguration plan on a circuit fabric."""
     from lightrail.collectives import get
-    from lightrail.report.collective import print_collective, print_reconfigurable
     from lightrail.studies.collective import evaluate, reconfigurable_collective
 
     ocs_delay = renamed(ocs_delay, old_reconfig_delay, old="--reconfig-delay", new="--ocs-delay")
@@ -109,19 +108,19 @@ def collective_cmd(
         fabric = build_reconfigurable_fabric(ranks, ports=ports, base=base, bandwidth=bandwidth, latency=latency,
                                              alpha=alpha, propagation=propagation, ocs_delay=ocs_delay)
         result = reconfigurable_collective(algorithm.kind, algo, nbytes, fabric, **params)
-        show = print_reconfigurable
     else:
         fabric = build_fabric(topology, ranks, bandwidth, latency, shape, gpus_per_server, nvlink_bandwidth,
                               hosts_per_leaf, oversubscription)
         result = in_splits(evaluate(algorithm.kind, algo, ranks, nbytes / splits, fabric,
                                     alpha=parse_time(alpha, field="--alpha"), **params), nbytes, splits)
-        show = print_collective
     data = {**result.to_dict(), "splits": splits}
     save_result(out_dir, "collective.json", data, quiet=as_json)
     if as_json:
-        print_json(data)
+        print_json(data)  # no table: rich is not imported
     else:
-        show(result, out)
+        from lightrail.report.collective import print_collective, print_reconfigurable
+
+        (print_reconfigurable if reconfigurable else print_collective)(result, out)
 
 
 def check_splits(splits: int, nbytes: float, *, reconfigurable: bool = False) -> None:

@@ -7,14 +7,14 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly
+from lightrail.cli.app import LeanTyper, app, friendly
 from lightrail.cli.options import old_spelling, renamed
 from lightrail.cli.train_demo import DEFAULT_OCS_DELAY
 from lightrail.defaults import GPUS_PER_SERVER
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_time
 
-controller_app = typer.Typer(no_args_is_help=True, help="The control plane: OCS controller service.")
+controller_app = LeanTyper(no_args_is_help=True, help="The control plane: OCS controller service.")
 app.add_typer(controller_app, name="controller")
 
 

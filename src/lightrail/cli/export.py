@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly, out
+from lightrail.cli.app import LeanTyper, app, friendly, out
 from lightrail.cli.options import JsonOut, Scenario, built_scenario
 from lightrail.cli.output import print_json, progress_steps
 
-export_app = typer.Typer(no_args_is_help=True, help="Write lightrail's workloads for other simulators.")
+export_app = LeanTyper(no_args_is_help=True, help="Write lightrail's workloads for other simulators.")
 app.add_typer(export_app, name="export")
 
 

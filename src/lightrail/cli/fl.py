@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, err, friendly, out
+from lightrail.cli.app import LeanTyper, app, err, friendly, out
 from lightrail.cli.options import JsonOut, check_count, check_out, result_out
 from lightrail.cli.output import print_json, save_result
 from lightrail.errors import ScenarioError
 
-fl_app = typer.Typer(no_args_is_help=True, help="Federated / collaborative ML resource manager (Propius).")
+fl_app = LeanTyper(no_args_is_help=True, help="Federated / collaborative ML resource manager (Propius).")
 app.add_typer(fl_app, name="fl")
 
 MAX_SERVICES = 16

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly, out
+from lightrail.cli.app import LeanTyper, app, friendly, out
 from lightrail.cli.options import JsonOut, result_out
 from lightrail.cli.output import print_json, save_result
 
-import_app = typer.Typer(no_args_is_help=True, help="Bring workloads in: Chakra execution traces.")
+import_app = LeanTyper(no_args_is_help=True, help="Bring workloads in: Chakra execution traces.")
 app.add_typer(import_app, name="import")
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, err, friendly, out
+from lightrail.cli.app import LeanTyper, app, err, friendly, out
 from lightrail.cli.options import (
     FigureFormat,
     JsonOut,
@@ -24,7 +24,7 @@ from lightrail.cli.options import (
 from lightrail.cli.output import print_json, writes_files
 from lightrail.errors import ScenarioError
 
-moe_app = typer.Typer(no_args_is_help=True, help="Mixture-of-experts: expert-parallel dispatch and combine.")
+moe_app = LeanTyper(no_args_is_help=True, help="Mixture-of-experts: expert-parallel dispatch and combine.")
 app.add_typer(moe_app, name="moe")
 
 

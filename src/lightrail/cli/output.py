@@ -64,11 +64,27 @@ def html_report(out_dir: Path | None, html: bool, *, quiet: bool = False) -> Pat
     return path
 
 
+class _NoProgress:
+    """What a quiet run (``--json``) gets for a progress bar: the same calls, doing nothing, with no rich import."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, task, **kwargs) -> None:
+        return None
+
+
 def progress_bar(total: int, label: str, quiet: bool):
+    """A rich progress bar on stderr (hidden when ``quiet`` or stderr is no terminal) and its task."""
+    if quiet:
+        return _NoProgress(), None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, transient=True, disable=quiet or not err.is_terminal)
+                        console=err.console, transient=True, disable=quiet or not err.is_terminal)
     return progress, progress.add_task(label, total=total)
 
 

@@ -58,7 +58,6 @@ def simulate_cmd(
 ):
     """Electrical vs photonic rails for one training job: iteration time, overhead, reconfigurations,
     power and cost, the policy ablation; writes a Perfetto trace and a breakdown plot."""
-    from lightrail.report.rails import print_simulate, write_simulate
     from lightrail.studies.rails import ABLATION, compare_rails
 
     ocs_delay = renamed(ocs_delay, old_delay, old="--delay", new="--ocs-delay")
@@ -72,11 +71,15 @@ def simulate_cmd(
         result = compare_rails(built, ablation=ablation, progress=step)
     out_dir = output_folder(out_dir, "out/simulate", as_json=as_json, html=html)
     if out_dir is not None:
+        from lightrail.report.rails import write_simulate
+
         write_simulate(result, out_dir, fmt=fmt)
         html_report(out_dir, html, quiet=as_json)
     if as_json:
-        print_json(result.to_dict())
+        print_json(result.to_dict())  # no table: rich is not imported
     else:
+        from lightrail.report.rails import print_simulate
+
         print_simulate(result, out, out_dir, fmt=fmt)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, err, friendly, out
+from lightrail.cli.app import LeanTyper, app, err, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
@@ -45,7 +45,7 @@ from lightrail.defaults import GPUS_PER_SERVER, HOSTS_PER_LEAF, TOPOLOGIES
 from lightrail.errors import ScenarioError
 from lightrail.units import parse_rate, parse_size, parse_time
 
-stragglar_app = typer.Typer(no_args_is_help=True, help="StragglAR: AllReduce with a persistent straggler.")
+stragglar_app = LeanTyper(no_args_is_help=True, help="StragglAR: AllReduce with a persistent straggler.")
 app.add_typer(stragglar_app, name="stragglar")
 
 OldDelay = Annotated[str | None, old_spelling("--delay", "--straggler-delay")]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly, out
+from lightrail.cli.app import LeanTyper, app, friendly, out
 from lightrail.cli.options import (
     ALPHA_DEFAULT,
     LATENCY_DEFAULT,
@@ -78,7 +78,7 @@ def _check_study_size(kinds, ranks: list[int], sizes: list[float], delays: list[
                             fix="ask for fewer or smaller rank counts, e.g. 8,16,32,64,128,256,1024")
 
 
-study_app = typer.Typer(no_args_is_help=True, help="Studies over grids of cases.")
+study_app = LeanTyper(no_args_is_help=True, help="Studies over grids of cases.")
 app.add_typer(study_app, name="study")
 
 

@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from lightrail.cli.app import app, friendly, out
+from lightrail.cli.app import LeanTyper, app, friendly, out
 from lightrail.cli.options import FigureFormat, JsonOut, check_out, figure_suffix
 from lightrail.cli.output import print_json, progress_bar
 
-te_app = typer.Typer(no_args_is_help=True,
+te_app = LeanTyper(no_args_is_help=True,
                      help="Decentralized WAN traffic engineering (Symphony): slice controllers, regularized TE, "
                           "slicers.")
 app.add_typer(te_app, name="te")

@@ -101,7 +101,7 @@ def te_serve_cmd(
             nonlocal live
             print_ready(info, out)
             if live_ok:
-                live = Live(epoch_table(rows), console=out, auto_refresh=False)
+                live = Live(epoch_table(rows), console=out.console, auto_refresh=False)
                 live.start()
 
         def on_epoch(row: dict) -> None:
