@@ -33,6 +33,7 @@ import numpy as np
 
 from lightrail.defaults import Mode
 from lightrail.errors import InfeasibleError
+from lightrail.fabric.builders import sorted_unique
 from lightrail.workload.parallel import Dim, Layout
 
 __all__ = ["Mode", "Policy", "KNOBS", "Circuits", "phase_key", "rail_circuits", "is_matching", "union",
@@ -127,8 +128,9 @@ def phase_key(op) -> str:
 
 
 def _unique(layout: Layout, rail, tx, rx) -> Circuits:
+    """The circuits ``(rail, tx, rx)``, each once, sorted (by a sort: ``np.unique`` would import numpy.ma)."""
     s = layout.servers
-    key = np.unique((np.asarray(rail, np.int64) * s + tx) * s + rx)
+    key = sorted_unique((np.asarray(rail, np.int64) * s + tx) * s + rx)
     return key // s**2, key // s % s, key % s
 
 
@@ -148,7 +150,8 @@ def rail_circuits(layout: Layout, src, dst, rails=None) -> Circuits:
     if rails is None:
         return _unique(layout, layout.rail(dst[cross]), s_srv, d_srv)
     rails = np.asarray(rails, np.int64)
-    pairs = np.unique(np.stack([s_srv, d_srv]), axis=1)
+    pair = sorted_unique(s_srv * layout.servers + d_srv)  # the server pairs, each once, in np.unique's order
+    pairs = np.stack([pair // layout.servers, pair % layout.servers])
     return _unique(layout, np.repeat(rails, pairs.shape[1]), np.tile(pairs[0], len(rails)),
                    np.tile(pairs[1], len(rails)))
 
