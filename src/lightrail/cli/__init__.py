@@ -19,7 +19,7 @@ from lightrail.cli.app import app, print_version
 
 __all__ = ["app", "main"]
 
-NOT_VERBS = {"app", "coerce", "options", "output", "__main__"}
+NOT_VERBS = {"app", "coerce", "options", "output", "plain", "__main__"}
 """Modules of this package that register no verb."""
 VERB_MODULES = tuple(sorted(name.removesuffix(".py") for name in os.listdir(__path__[0])
                             if name.endswith(".py") and name.removesuffix(".py") not in NOT_VERBS | {"__init__"}))

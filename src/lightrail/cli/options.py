@@ -404,7 +404,7 @@ def built_scenario(scenario: Path | None, ocs_delay: str | None = None, mode: st
     A scenario whose workload is a trace is refused unless the command runs traces (``trace_ok``)."""
     from dataclasses import replace
 
-    from lightrail.scenario import load_scenario
+    from lightrail.cli.plain import load_scenario  # a plain file needs no pydantic (issue 33)
 
     loaded, base = load_scenario(scenario)
     check_simulation_size(loaded, runs=runs, runs_field=runs_field)
