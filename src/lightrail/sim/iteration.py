@@ -70,14 +70,22 @@ _CPU = np.array([-1])
 
 
 def _components(tx: np.ndarray, rx: np.ndarray) -> int:
-    """Connected sets of the servers that circuits ``tx[i] -> rx[i]`` join (either direction): each server takes
-    the least label of its circuits' ends, then its label's label (pointer jumping), until nothing changes; a set
-    then shares one label (a DP ring of 8,192 servers in a few rounds of array operations)."""
+    """Connected sets of the servers that circuits ``tx[i] -> rx[i]`` join (either direction)
+    (:func:`_components_per_rail` on one rail)."""
+    return int(_components_per_rail(np.zeros(len(tx), np.int64), tx, rx, 1)[0])
+
+
+def _components_per_rail(rail: np.ndarray, tx: np.ndarray, rx: np.ndarray, rails: int) -> np.ndarray:
+    """Per rail, the connected sets of the servers that its circuits ``tx[i] -> rx[i]`` join (either direction):
+    each (rail, server) takes the least label of its circuits' ends, then its label's label (pointer jumping),
+    until nothing changes; a set then shares one label, and its root's rail counts it. Every rail at once: a
+    switch usually changes all of them (a DP ring of 8,192 servers per rail in a few rounds of array operations)."""
     if not len(tx):
-        return 0
-    _, ends = np.unique(np.concatenate([tx, rx]), return_inverse=True)
+        return np.zeros(rails, np.int64)
+    span = int(max(tx.max(), rx.max())) + 1
+    node, ends = np.unique(np.concatenate([rail * span + tx, rail * span + rx]), return_inverse=True)
     a, b = ends[: len(tx)], ends[len(tx):]
-    label = np.arange(int(ends.max()) + 1)
+    label = np.arange(len(node))
     while True:
         low = np.minimum(label[a], label[b])
         new = label.copy()
@@ -85,7 +93,7 @@ def _components(tx: np.ndarray, rx: np.ndarray) -> int:
         np.minimum.at(new, b, low)
         new = new[new]
         if np.array_equal(new, label):
-            return int(np.count_nonzero(label == np.arange(len(label))))
+            return np.bincount(node[label == np.arange(len(label))] // span, minlength=rails)
         label = new
 
 
@@ -259,6 +267,8 @@ class _Simulation:
         """The ops in flight and their shares of the links."""
         self._pairs: dict[Requirement, Requirement] = {}
         self._cpu: dict[float, OpCost] = {}  # a compute op's flow on the host's cores, by its seconds
+        self._ops: dict[tuple[int, int], tuple] = {}  # (id of an op, stage) -> what _prepared worked out
+        self._sets: dict[tuple, list[int]] = {}  # missing circuits (bytes) -> connected sets per rail
 
     def _check_in(self, s: int, req: Requirement, *, receiver: bool = False) -> bool:
         """Does this op (part) ask the controller first? Opus: every op on the rails; leases: only when
@@ -419,63 +429,65 @@ class _Simulation:
         circuit configurations, each part taken to last as long as alone); then the parts move their bytes in
         turn on the shared links, each no sooner than planned and than the previous part has ended."""
         start = yield
-        if isinstance(op, CollectiveOp) and Dim.PP in op.group_dims and self.layout.pp > 1:
+        reqs, costs, on_rails, repeat, track, gather = self._prepared(op, s)
+        if gather:
             start = yield from self._gather(it, s, op, start)
-        track = f"stage {s}" if not op.asynchronous else f"stage {s} async {'+'.join(op.group_dims)}"
         totals = it.totals[s]
-        leases = self.policy.leases
-        provisioned = self.policy.mode is Mode.PROVISIONED
-        rtt, command = self.fabric.rtt, self.fabric.command
-        reqs = self.planner.requirements(op, s)
-        on_rails = any(r.ncircuits for r in reqs)  # ops that stay inside servers (tp) do not end a rail phase
-        repeat = op.count if len(reqs) > 1 or (not leases and on_rails) else 1
+        record = it.events is not None
         peer, posted = (s + op.offset if isinstance(op, SendOp) else None), None
-        if peer is not None:  # the k-th send of a channel meets its receiver's k-th receive
-            k = it.sends.get((s, peer), 0)
-            it.sends[(s, peer)] = k + 1
-            if any(self._check_in(s, r) or self._check_in(peer, r, receiver=True) for r in reqs):
-                # the pair is one group: the controller grants it once both ranks checked in (the runtime's barrier),
-                # the receiver when it reaches its receive
-                if k >= len(it.posted.get((s, peer), ())):
-                    yield "post", (s, peer, k)
-                posted = it.posted[(s, peer)][k]
+        if on_rails and self.fabric.circuits:
+            leases = self.policy.leases
+            provisioned = self.policy.mode is Mode.PROVISIONED
+            rtt, command = self.fabric.rtt, self.fabric.command
+            if peer is not None:  # the k-th send of a channel meets its receiver's k-th receive
+                k = it.sends.get((s, peer), 0)
+                it.sends[(s, peer)] = k + 1
+                if any(self._check_in(s, r) or self._check_in(peer, r, receiver=True) for r in reqs):
+                    # the pair is one group: the controller grants it once both ranks checked in (the runtime's
+                    # barrier), the receiver when it reaches its receive
+                    if k >= len(it.posted.get((s, peer), ())):
+                        yield "post", (s, peer, k)
+                    posted = it.posted[(s, peer)][k]
+        elif peer is not None:  # no check-in: the count of sends is all a channel needs
+            it.sends[(s, peer)] = it.sends.get((s, peer), 0) + 1
         planned, now = [], start
         for _ in range(repeat):
-            for part, req in enumerate(reqs):
-                cost = self.durations.cost(op, part, req, s, op.count if repeat == 1 else 1)
+            for req, cost in zip(reqs, costs, strict=True):
                 ready = now
-                mine = self._check_in(s, req)
-                theirs = peer is not None and self._check_in(peer, req, receiver=True)
-                if mine or theirs:
-                    ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
-                    target = self._pair(req) if peer is not None and leases else req
-                    mark = len(self.rails.reconfigs)
-                    known = self.rails.state.known_present(*target.circuits)  # all present: no gather
-                    missing = _NO_CIRCUITS if known else self._missing(target)
-                    lit = self.rails.ensure(target, ask + rtt / 2 + command)
-                    if len(self.rails.reconfigs) > mark:
-                        self._count_groups(it, missing, self.rails.reconfigs[mark:])
-                    # the controller grants at once a rank asking after the switch ended, else at its end plus its
-                    # own lag (``fabric.switch_grant``); the grant reaches the rank half a round trip later
-                    after = self.fabric.switch_grant if lit > now + rtt / 2 else 0.0
-                    own = max(now + rtt if mine else now, lit + rtt / 2 + after if lit > now else 0.0)
-                    if own - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
-                        own = now
-                    ready = max(own, posted + rtt if posted is not None and posted + rtt > own else own)
-                    for stage in [s] * mine + [peer] * theirs:
-                        self._asks(it.totals[stage], req, provisioned)
-                        if leases:
-                            self.rails.take_lease(stage, req)
-                    if not op.asynchronous:
-                        control = min(rtt, own - now)
-                        it.event(track, f"check-in {op.label}", "control", now, control)
-                        it.event(track, f"circuits for {op.label}", "reconfiguration", now + control,
-                                 own - now - control)
-                        it.event(track, f"{op.label}: receiver's check-in", "bubble", own, ready - own)
-                        totals.control += control
-                        totals.reconfiguration += own - now - control
-                        totals.peer_wait += ready - own
-                self.rails.occupy(req, ready + cost.seconds)  # no sooner than alone; the end is known when it comes
+                if req.ncircuits:
+                    mine = self._check_in(s, req)
+                    theirs = peer is not None and self._check_in(peer, req, receiver=True)
+                    if mine or theirs:
+                        ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
+                        target = self._pair(req) if peer is not None and leases else req
+                        mark = len(self.rails.reconfigs)
+                        known = self.rails.state.known_present(*target.circuits)  # all present: no gather
+                        missing = _NO_CIRCUITS if known else self._missing(target)
+                        lit = self.rails.ensure(target, ask + rtt / 2 + command)
+                        if len(self.rails.reconfigs) > mark:
+                            self._count_groups(it, missing, self.rails.reconfigs[mark:])
+                        # the controller grants at once a rank asking after the switch ended, else at its end plus
+                        # its own lag (``fabric.switch_grant``); the grant reaches the rank half a round trip later
+                        after = self.fabric.switch_grant if lit > now + rtt / 2 else 0.0
+                        own = max(now + rtt if mine else now, lit + rtt / 2 + after if lit > now else 0.0)
+                        if own - now < 1e-12 * max(1.0, now):  # float noise from a zero round trip
+                            own = now
+                        ready = max(own, posted + rtt if posted is not None and posted + rtt > own else own)
+                        for stage in [s] * mine + [peer] * theirs:
+                            self._asks(it.totals[stage], req, provisioned)
+                            if leases:
+                                self.rails.take_lease(stage, req)
+                        if not op.asynchronous:
+                            control = min(rtt, own - now)
+                            if record:
+                                it.event(track, f"check-in {op.label}", "control", now, control)
+                                it.event(track, f"circuits for {op.label}", "reconfiguration", now + control,
+                                         own - now - control)
+                                it.event(track, f"{op.label}: receiver's check-in", "bubble", own, ready - own)
+                            totals.control += control
+                            totals.reconfiguration += own - now - control
+                            totals.peer_wait += ready - own
+                    self.rails.occupy(req, ready + cost.seconds)  # no sooner than alone; the end is known when it comes
                 planned.append((req, cost, ready))
                 now = ready + cost.seconds
         if on_rails:  # what a provisioned controller learns next (updated when the op really ends)
@@ -485,18 +497,38 @@ class _Simulation:
             if ready > now:
                 now = yield "at", ready
             end = yield "flow", cost
-            self.rails.occupy(req, end)
-            it.event(track, op.label, op.dim.value, now, end - now)
+            if req.ncircuits:
+                self.rails.occupy(req, end)
+            if record:
+                it.event(track, op.label, op.dim.value, now, end - now)
             now = end
         if op.asynchronous:
             it.async_end = max(it.async_end, now)
         else:
             totals.communication += now - issued
             it.push(now, s)
-        if isinstance(op, SendOp):
-            self._deliver(it, (s, s + op.offset), now)
+        if peer is not None:
+            self._deliver(it, (s, peer), now)
         if on_rails:
             self.prior[s] = max(self.prior[s], now)
+
+    def _prepared(self, op: CommOp, s: int) -> tuple:
+        """What op ``op`` at stage ``s`` is, worked out once per simulation (an iteration runs the same few hundred
+        ops tens of thousands of times): its parts' requirements and costs alone, whether it uses the rails,
+        how many times its parts run (``count`` back-to-back collectives each check in under Opus's per-op
+        rule), its trace track, and whether it gathers the pipeline's stages first."""
+        key = (id(op), s)
+        found = self._ops.get(key)
+        if found is None:
+            reqs = self.planner.requirements(op, s)
+            on_rails = any(r.ncircuits for r in reqs)  # ops that stay inside servers (tp) do not end a rail phase
+            repeat = op.count if len(reqs) > 1 or (not self.policy.leases and on_rails) else 1
+            costs = tuple(self.durations.cost(op, part, req, s, op.count if repeat == 1 else 1)
+                          for part, req in enumerate(reqs))
+            track = f"stage {s}" if not op.asynchronous else f"stage {s} async {'+'.join(op.group_dims)}"
+            gather = isinstance(op, CollectiveOp) and Dim.PP in op.group_dims and self.layout.pp > 1
+            found = self._ops[key] = (reqs, costs, on_rails, repeat, track, gather, op)  # the op held: its id its
+        return found[:6]
 
     def _compute(self, it: _Iteration, s: int, op: ComputeOp) -> Generator:
         """A compute op on the emulation host's ``fabric.host_cores`` cores, which every rank's process shares: a
@@ -521,15 +553,19 @@ class _Simulation:
         keep = ~self.rails.state.present(rail, tx, rx) if len(rail) else np.zeros(0, bool)
         return rail[keep], tx[keep], rx[keep]
 
-    @staticmethod
-    def _count_groups(it: _Iteration, missing: tuple, reconfigs: list) -> None:
+    def _count_groups(self, it: _Iteration, missing: tuple, reconfigs: list) -> None:
         """A stage's switch on a rail changes the circuits of several of the runtime's groups at once (a pipeline
         pair per rank on the rail, a DP ring, ...), and the controller switches and counts each group on its own:
-        count one per group, a group being a connected set of the missing circuits' servers (a pair, a ring)."""
+        count one per group, a group being a connected set of the missing circuits' servers (a pair, a ring).
+        The sets per rail are computed once per distinct set of missing circuits (a few dozen recur in an
+        iteration of thousands of switches)."""
         rail, tx, rx = missing
+        key = (rail.dtype.str, tx.dtype.str, rail.tobytes(), tx.tobytes(), rx.tobytes())
+        sets = self._sets.get(key)
+        if sets is None:
+            sets = self._sets[key] = _components_per_rail(rail, tx, rx, self.layout.gpus_per_server).tolist()
         for r in {int(rec[0]) for rec in reconfigs}:
-            sel = rail == r
-            it.group_switches[r] = it.group_switches.get(r, 0) + max(1, _components(tx[sel], rx[sel]))
+            it.group_switches[r] = it.group_switches.get(r, 0) + max(1, sets[r])
 
     def _pair(self, req: Requirement) -> Requirement:
         """A send's circuits and the reverse ones, where its phase is one configuration holding both: the runtime

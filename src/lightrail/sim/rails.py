@@ -126,9 +126,8 @@ class Rails:
     def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
         for r, tx, rx in self._by_rail(req):
-            present = self.state.all_present(r, tx, rx)
-            if self.holds[r] == req.phase and present or present and self.policy.skip_present:
-                continue
+            if (self.holds[r] == req.phase or self.policy.skip_present) and self.state.all_present(r, tx, rx):
+                continue  # held and present, or present and skipped (the circuits are looked at only then)
             new = self._configuration(req.phase, r)
             if self.state.holds(r, new):  # nothing to switch on this rail
                 self.holds[r] = req.phase

@@ -33,6 +33,12 @@ ORDER = (Dim.TP, Dim.CP, Dim.EP, Dim.DP, Dim.PP)
 """Rank order, fastest-varying first."""
 
 
+_GROUPS: dict = {}
+"""(layout, dims) -> :meth:`Layout.groups_over`'s answer (equal layouts have equal groups)."""
+_GROUPS_KEPT = 64
+"""Answers kept before they are all forgotten (a sweep's layouts come and go)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Degrees of every dimension on ``world`` GPUs in servers of ``gpus_per_server``."""
@@ -121,9 +127,21 @@ class Layout:
         """Groups spanning several dimensions: ranks that share every other coordinate, one row each.
 
         Members are ordered by their coordinates along ``dims`` (the first varies fastest), so
-        ``groups_over([d])`` equals ``groups(d)``.
+        ``groups_over([d])`` equals ``groups(d)``. Read-only, computed once per (layout, dims): planners ask for
+        the same few groups op after op (a 65,536-rank sort each).
         """
-        dims = [Dim(d) for d in dims]
+        dims = tuple(Dim(d) for d in dims)
+        key = (self, dims)
+        found = _GROUPS.get(key)
+        if found is None:
+            if len(_GROUPS) >= _GROUPS_KEPT:
+                _GROUPS.clear()
+            found = _GROUPS[key] = self._groups_over(dims)
+            found.setflags(write=False)
+        return found
+
+    def _groups_over(self, dims: tuple[Dim, ...]) -> np.ndarray:
+        """:meth:`groups_over`, worked out."""
         ranks = np.arange(self.world)
         coords = self.coords(ranks)
         others = [d for d in ORDER if d not in dims]
