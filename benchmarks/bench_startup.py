@@ -1,7 +1,8 @@
 """CLI start-up benchmark: wall time of ``lightrail --version``, ``lightrail algorithms``, ``lightrail --help``,
 a 4,096-rank ring AllReduce (``lightrail collective``), the small jobs of issue 33 (``simulate`` of
 examples/debug-tiny.yaml with ``--json --no-ablation``, ``collective --ranks 256``) and, with ``--big``, the
-65,536-GPU example's default table (each a fresh process, best and median of N runs), whether
+65,536-GPU example's default table (each a fresh process, best and median of N runs, bytecode cached as on a
+user's machine), the floor under them (the interpreter, ``import numpy``, ``import numpy, typer.main``), whether
 ``algorithms`` imports numpy, and the ten largest cumulative imports of
 ``import lightrail.cli`` from ``python -X importtime``. Prints one JSON object; asserts nothing about speed
 (the goals, issue "a CLI that starts at once": ``--version`` and ``algorithms`` under 0.2 s, the 4,096-rank ring
@@ -37,6 +38,10 @@ TARGETS = {"--version": 0.2, "algorithms": 0.2, "collective --op": 0.5, "simulat
 table with ``--big``); ``--help`` has none."""
 
 
+FLOOR = {"python": "pass", "import numpy": "import numpy", "import numpy, typer.main": "import numpy, typer.main"}
+"""What any verb that computes pays before lightrail: the interpreter, numpy, Typer (``floor`` in the JSON)."""
+
+
 def target(argv: list[str]) -> float | None:
     return TARGETS.get(argv[0]) or TARGETS.get(" ".join(argv[:2]))
 
@@ -50,16 +55,23 @@ def lightrail_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "lightrail.cli"]
 
 
-def wall_times(argv: list[str], runs: int, cpu: list[float] | None = None) -> list[float]:
-    """Wall seconds of ``runs`` fresh processes; their CPU seconds (user + system, the process's and its forked
-    workers') go to ``cpu`` when given: on a shared machine CPU time moves much less with the load than wall time
-    does."""
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "COLUMNS": "120"}
+"""The processes' environment: bytecode is cached as on a user's machine (with PYTHONDONTWRITEBYTECODE set, every
+module edited since its last compile is compiled again in every run, ~0.1 s after a change to many modules), and
+one untimed run per command (:func:`wall_times`) writes it."""
+
+
+def wall_times(argv: list[str], runs: int, cpu: list[float] | None = None, *, warm: bool = True) -> list[float]:
+    """Wall seconds of ``runs`` fresh processes, after one untimed run that caches the bytecode (``warm``); their
+    CPU seconds (user + system, the process's and its forked workers') go to ``cpu`` when given: on a shared
+    machine CPU time moves much less with the load than wall time does."""
+    if warm:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     times = []
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       env={**os.environ, "COLUMNS": "120"})
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
         times.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if cpu is not None:
@@ -110,14 +122,20 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             cpu = []
-            times = wall_times([*base, *BIG_TABLE, "--out", tmp], 1, cpu)
+            times = wall_times([*base, *BIG_TABLE, "--out", tmp], 1, cpu, warm=False)  # minutes: run once
         commands.append({"command": " ".join(["lightrail", *BIG_TABLE]).replace(str(ROOT) + "/", ""), "runs": 1,
                          "best_s": round(times[0], 2), "median_s": round(times[0], 2), "best_cpu_s": round(cpu[0], 2),
                          "median_cpu_s": round(cpu[0], 2), "target_s": TARGETS["big"]})
-    python_alone = wall_times([sys.executable, "-c", "pass"], args.runs)
+    floor = {}
+    for name, code in FLOOR.items():
+        cpu = []
+        times = wall_times([sys.executable, "-c", code], args.runs, cpu)
+        floor[name] = {"median_s": round(statistics.median(times), 3), "best_s": round(min(times), 3),
+                       "median_cpu_s": round(statistics.median(cpu), 3)}
     out = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
                        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
-           "launcher": base, "python_startup_best_s": round(min(python_alone), 3),
+           "launcher": base, "python_startup_best_s": floor["python"]["best_s"], "floor": floor,
+           "pythondontwritebytecode_in_env": "PYTHONDONTWRITEBYTECODE" in os.environ,
            "commands": commands, "import_lightrail_cli": import_times(),
            "algorithms_imports_numpy": imports_numpy(["algorithms"])}
     print(json.dumps(out, indent=2))

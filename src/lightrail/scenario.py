@@ -31,18 +31,18 @@ from lightrail.fabric.params import (
     RailFabric,
 )
 from lightrail.fabric.topology import Topology
-from lightrail.sim.costs import EngineTerms
 from lightrail.units import format_time, parse_rate, parse_time
 from lightrail.validation import first_error, read_mapping
-from lightrail.workload.chakra import ChakraTrace, read_chakra
 from lightrail.workload.hardware import GPU, gpu
 from lightrail.workload.importers import model_from_hf_config
 from lightrail.workload.model import ModelSpec, preset
 from lightrail.workload.parallel import Layout
 from lightrail.workload.program import SCENARIO_DP_BUCKETS, TrainingJob
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # traces and the engine's terms are imported when a scenario names them
     from lightrail.scenario import ModelSection, Scenario
+    from lightrail.sim.costs import EngineTerms
+    from lightrail.workload.chakra import ChakraTrace
 
 __all__ = ["Scenario", "Built", "DEFAULT_SCENARIO", "load_scenario", "parse_scenario"]
 
@@ -82,9 +82,8 @@ class _Builds:
                                 field="cluster.topology", fix="drop cluster.topology (or set rails), or replay a "
                                 "trace on it: workload: {chakra: DIR}")
         self._topology(1)  # refuses torus or fat-tree arguments on rails
-        terms = self._engine_terms()
-        for name, value, off in (("endpoint_delay", terms.endpoint_delay, 0.0),
-                                 ("local_mem_bw", terms.local_mem_bw, None)):
+        delay, rate = self._engine_values()
+        for name, value, off in (("endpoint_delay", delay, 0.0), ("local_mem_bw", rate, None)):
             if value != off:
                 raise ScenarioError("the iteration simulator does not charge it (trace replays do)",
                                     field=f"engine.{name}", fix="drop it, or replay a trace: workload: {chakra: DIR}")
@@ -136,6 +135,8 @@ class _Builds:
         folder = Path(self.workload.chakra)
         if base is not None and not folder.is_absolute():
             folder = base / folder
+        from lightrail.workload.chakra import read_chakra
+
         try:
             trace = read_chakra(folder)
         except LightrailError as e:
@@ -152,6 +153,13 @@ class _Builds:
 
     def _engine_terms(self) -> EngineTerms:
         """The engine section's endpoint delay and local memory rate, in seconds and bytes/s."""
+        from lightrail.sim.costs import EngineTerms
+
+        delay, rate = self._engine_values()
+        return EngineTerms(endpoint_delay=delay, local_mem_bw=rate)
+
+    def _engine_values(self) -> tuple[float, float | None]:
+        """:meth:`_engine_terms`' two numbers (a model's build checks them, with no engine to import)."""
         e = self.engine
         delay = e.endpoint_delay
         if isinstance(delay, bool) or (isinstance(delay, (int, float)) and delay != 0):
@@ -159,7 +167,7 @@ class _Builds:
                                 fix="give a time with a unit, e.g. 10ns, 1us; 0 for none")
         seconds = parse_time(delay, field="engine.endpoint_delay")
         rate = None if e.local_mem_bw is None else parse_rate(e.local_mem_bw, field="engine.local_mem_bw")
-        return EngineTerms(endpoint_delay=seconds, local_mem_bw=rate)
+        return seconds, rate
 
     @property
     def topology_kind(self) -> str:
