@@ -22,3 +22,9 @@ def test_forked_workers_give_the_serial_ablation(monkeypatch):
     assert [row.policy for row in forked.ablation] == [label for label, _ in rails.ABLATION]
     assert sorted(seen) == sorted(["electrical", "photonic", "ideal", *(label for label, _ in rails.ABLATION)])
     assert rails._FORKED == {}  # nothing left for a later pool
+
+
+def test_twins_differing_only_in_skip_present_go_to_one_worker():
+    assert rails._tasks([0, 1, 2, 3]) == [(0, 1), (2,), (3,)]  # opus (original) and + skip if present together
+    assert rails._tasks([2, 3]) == [(2,), (3,)]
+    assert rails._tasks([]) == []

@@ -48,7 +48,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -133,6 +133,9 @@ class IterationResult:
     """Per rail, the reconfigurations as a runtime's controller counts them: one per group whose circuits a switch
     changes (the pipeline pairs, the DP rings of the stage that asked), where ``reconfigurations_per_rail``
     counts one per stage's switch."""
+    same_with_skip_present: bool = field(default=False, repr=False)
+    """A whole-switch run without ``skip_present`` that never rewrote a rail whose op's circuits were all there:
+    the run with ``skip_present`` on is this one (:meth:`with_policy`)."""
 
     @property
     def reconfigurations_per_iteration(self) -> float:
@@ -143,6 +146,11 @@ class IterationResult:
     def group_reconfigurations_per_iteration(self) -> float:
         """:attr:`group_reconfigurations_per_rail`'s mean."""
         return float(np.mean(self.group_reconfigurations_per_rail)) if self.group_reconfigurations_per_rail else 0.0
+
+    def with_policy(self, policy: Policy) -> IterationResult:
+        """This run as the run of ``policy`` (named and planned by it), for a policy that decides alike."""
+        plan = replace(self.plan, policy=policy) if self.plan is not None else None
+        return replace(self, policy=policy.label if plan is not None else self.policy, plan=plan)
 
     def summary(self) -> dict:
         return {
@@ -221,6 +229,7 @@ class _Iteration:
         self.now = start  # the time of the event being run
         self.streams: dict[tuple, deque] = {}
         """Per communicator (stage, group dimensions): its ops in issue order, the first one running."""
+        self.stream_of: dict[Generator, deque] = {}  # an op's process -> its communicator's stream
         self.issued: dict[tuple, int] = {}  # (stage, label, group dims) -> how many such ops the stage issued
         self.gathering: dict[tuple, list] = {}  # a collective over stages -> the processes waiting for the rest
         self.finish = [start] * stages
@@ -343,12 +352,16 @@ class _Simulation:
                 it.next_op[s] += 1
                 if op.asynchronous:
                     it.push(t, s)  # the stage goes on; the op runs on its communicator's stream
-                stream = it.streams.setdefault((s, type(op).__name__, op.group_dims), deque())
+                key = (s, type(op).__name__, op.group_dims)
+                stream = it.streams.get(key)
+                if stream is None:
+                    stream = it.streams[key] = deque()
                 proc = self._communicate(it, s, op, t)
                 next(proc)  # to its first wait: for the stream
                 stream.append(proc)
+                it.stream_of[proc] = stream
                 if len(stream) == 1:
-                    self._resume(it, stream[0], t)
+                    self._resume(it, proc, t)
             case op:
                 raise TypeError(f"{op!r} is not a program op")
 
@@ -357,12 +370,11 @@ class _Simulation:
         try:
             what, arg = proc.send(t)
         except StopIteration:
-            for stream in it.streams.values():
-                if stream and stream[0] is proc:
-                    stream.popleft()
-                    if stream:
-                        self._resume(it, stream[0], t)
-                    break
+            stream = it.stream_of.pop(proc, None)
+            if stream is not None:  # it heads its stream: the next op of the stream starts
+                stream.popleft()
+                if stream:
+                    self._resume(it, stream[0], t)
             return
         if what == "at":
             it.push(max(arg, it.now), proc)
@@ -624,4 +636,6 @@ class _Simulation:
                                controller_round_trips_per_iteration=mean["round_trips"],
                                controller_requests_per_iteration=mean["requests"], plan=self.plan,
                                group_reconfigurations_per_rail=[it.group_switches.get(r, 0) if self.fabric.circuits
-                                                                else 0 for r in range(len(per_rail))])
+                                                                else 0 for r in range(len(per_rail))],
+                               same_with_skip_present=self.plan is not None and not self.rails.skip_matters
+                               and not (self.policy.partial or self.policy.skip_present))

@@ -36,6 +36,10 @@ class Rails:
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
         self._rows: dict[str, list[np.ndarray]] = {}  # configuration -> its rows, one object per rail
         self._split: dict = {}  # ids of a requirement's circuit arrays -> (the arrays, its circuits per rail)
+        self.skip_matters = False
+        """Whether a whole-switch rewrite has happened whose op's circuits were all present already (one that
+        ``skip_present`` skips): until then, the same run with ``skip_present`` on would have made every decision
+        alike (its other branches are the same, and what a rail holds is read only where it skips)."""
 
     # -- leases ----------------------------------------------------------------------------------------
     def has_lease(self, stage: int, req: Requirement) -> bool:
@@ -126,12 +130,15 @@ class Rails:
     def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
         for r, tx, rx in self._by_rail(req):
-            if (self.holds[r] == req.phase or self.policy.skip_present) and self.state.all_present(r, tx, rx):
+            held = self.holds[r] == req.phase
+            if (held or self.policy.skip_present) and self.state.all_present(r, tx, rx):
                 continue  # held and present, or present and skipped (the circuits are looked at only then)
             new = self._configuration(req.phase, r)
             if self.state.holds(r, new):  # nothing to switch on this rail
                 self.holds[r] = req.phase
                 continue
+            if not held and not self.skip_matters and self.state.all_present(r, tx, rx):
+                self.skip_matters = True  # rewritten, where skip_present would have kept the rail as it is
             start = max(decision, self._free_rail(r, decision))  # drain the whole rail
             end, changed = self.state.rewrite(r, new, start)
             self._revoke_rail(r)

@@ -47,12 +47,18 @@ class JobRuns:
 
     def run(self, fabric: RailFabric, policy: Policy) -> IterationResult:
         """:meth:`__call__`, simulated once per (fabric, policy): the ablation's last row is the scenario's own
-        policy in its mode (with the same three counterfactuals), and each simulation is deterministic."""
+        policy in its mode (with the same three counterfactuals), and each simulation is deterministic. A policy
+        with ``skip_present`` whose twin without it ran here and never rewrote a rail holding the op's circuits
+        (:attr:`IterationResult.same_with_skip_present`) takes the twin's run: it would decide alike."""
         if isinstance(policy, Plan):
             return self(fabric, policy)
         key = (fabric, policy)
         if key not in self._runs:
-            self._runs[key] = self(fabric, policy)
+            twin = self._runs.get((fabric, replace(policy, skip_present=False))) if policy.skip_present else None
+            if twin is not None and twin.same_with_skip_present:  # it never rewrote a rail this policy keeps
+                self._runs[key] = twin.with_policy(policy)
+            else:
+                self._runs[key] = self(fabric, policy)
         return self._runs[key]
 
     def program(self, defer_dp: bool):
@@ -302,7 +308,7 @@ while this process simulates the electrical, photonic and ideal runs; a smaller 
 starting them."""
 
 _FORKED: dict = {}
-"""What forked ablation workers read (:func:`_forked_row`): set just before the pool starts, cleared after."""
+"""What forked ablation workers read (:func:`_forked_rows`): set just before the pool starts, cleared after."""
 
 
 def _row_runs(runs: JobRuns, fabric: RailFabric, mode: Mode, knobs: dict) -> tuple:
@@ -321,13 +327,27 @@ def _policy_run(label: str, base: float, raw: tuple) -> PolicyRun:
                      overhead_breakdown_s=_parts(seconds, base, *counterfactuals))
 
 
-def _forked_row(index: int) -> tuple:
-    return _row_runs(*(_FORKED[k] for k in ("runs", "fabric", "mode")), ABLATION[index][1])
+def _forked_rows(indexes: tuple[int, ...]) -> list[tuple]:
+    return [_row_runs(*(_FORKED[k] for k in ("runs", "fabric", "mode")), ABLATION[i][1]) for i in indexes]
+
+
+def _tasks(rows: list[int]) -> list[tuple[int, ...]]:
+    """``rows`` of :data:`ABLATION` in tasks for the workers: a row whose policy differs from the previous row's only
+    in ``skip_present`` goes with it (one process runs both, so it may take its twin's runs, ``JobRuns.run``)."""
+    tasks: list[tuple[int, ...]] = []
+    for i in rows:
+        knobs = {**ABLATION[i][1], "skip_present": False}
+        if tasks and {**ABLATION[tasks[-1][-1]][1], "skip_present": False} == knobs:
+            tasks[-1] += (i,)
+        else:
+            tasks.append((i,))
+    return tasks
 
 
 class _Ablation:
     """The ablation's rows in :data:`ABLATION`'s order. On big jobs, the policies whose program or op durations
-    differ from the scenario policy's go to forked workers (one per core) as the comparison starts, and run while
+    differ from the scenario policy's go to forked workers (one per core; twins differing only in ``skip_present``
+    together, :func:`_tasks`) as the comparison starts, and run while
     this process simulates the electrical, photonic and ideal runs; the rest (sharing this process's program and
     durations, or the scenario's own policy) run here after them. The rows equal what one process computes (each
     simulation is deterministic)."""
@@ -352,9 +372,10 @@ class _Ablation:
         if not away:
             return self
         _FORKED.update(runs=self.runs, fabric=self.fabric, mode=self.params.mode)
+        tasks = _tasks(away)
         try:  # forked now: the workers start from this process's state before its own simulations
-            self.pool = ProcessPoolExecutor(min(workers, len(away)), mp_context=multiprocessing.get_context("fork"))
-            self.pending = {i: self.pool.submit(_forked_row, i) for i in away}
+            self.pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork"))
+            self.pending = {task: self.pool.submit(_forked_rows, task) for task in tasks}
         finally:
             _FORKED.clear()
         return self
@@ -363,13 +384,15 @@ class _Ablation:
         if not self.on:
             return []
         rows: list[PolicyRun | None] = [None] * len(ABLATION)
+        away = {i for task in self.pending for i in task}
         for i, (label, knobs) in enumerate(ABLATION):
-            if i not in self.pending:
+            if i not in away:
                 rows[i] = _policy_run(label, base, _row_runs(self.runs, self.fabric, self.params.mode, knobs))
                 self.step(label)
-        for i, future in self.pending.items():
-            rows[i] = _policy_run(ABLATION[i][0], base, future.result())
-            self.step(ABLATION[i][0])
+        for task, future in self.pending.items():
+            for i, raw in zip(task, future.result(), strict=True):
+                rows[i] = _policy_run(ABLATION[i][0], base, raw)
+                self.step(ABLATION[i][0])
         return rows
 
     def __exit__(self, *exc) -> None:
