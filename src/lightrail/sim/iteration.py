@@ -335,7 +335,8 @@ class _Simulation:
                     next(proc)
                     self._resume(it, proc, t)
                     return
-                it.event(f"stage {s}", op.label, "compute", t, op.seconds)
+                if it.events is not None:
+                    it.event(f"stage {s}", op.label, "compute", t, op.seconds)
                 it.totals[s].compute += op.seconds
                 it.push(t + op.seconds, s)
             case RecvOp() as op:
@@ -415,7 +416,7 @@ class _Simulation:
         key = (s + op.offset, s)
         if it.sent.get(key):
             ready = it.sent[key].pop(0)
-            if ready > t:
+            if ready > t and it.events is not None:
                 it.event(f"stage {s}", f"wait {op.label}", "bubble", t, ready - t)
             it.next_op[s] += 1
             it.push(max(t, ready), s)
@@ -429,7 +430,8 @@ class _Simulation:
             return
         s, since = it.waiting.pop(key)
         op = self.program.stages[s][it.next_op[s]]
-        it.event(f"stage {s}", f"wait {op.label}", "bubble", since, when - since)
+        if it.events is not None:
+            it.event(f"stage {s}", f"wait {op.label}", "bubble", since, when - since)
         it.next_op[s] += 1
         it.push(when, s)
 
@@ -441,7 +443,7 @@ class _Simulation:
         circuit configurations, each part taken to last as long as alone); then the parts move their bytes in
         turn on the shared links, each no sooner than planned and than the previous part has ended."""
         start = yield
-        reqs, costs, on_rails, repeat, track, gather = self._prepared(op, s)
+        reqs, costs, sizes, on_rails, repeat, track, gather = self._prepared(op, s)
         if gather:
             start = yield from self._gather(it, s, op, start)
         totals = it.totals[s]
@@ -464,9 +466,9 @@ class _Simulation:
             it.sends[(s, peer)] = it.sends.get((s, peer), 0) + 1
         planned, now = [], start
         for _ in range(repeat):
-            for req, cost in zip(reqs, costs, strict=True):
+            for req, cost, ncircuits in zip(reqs, costs, sizes, strict=True):
                 ready = now
-                if req.ncircuits:
+                if ncircuits:
                     mine = self._check_in(s, req)
                     theirs = peer is not None and self._check_in(peer, req, receiver=True)
                     if mine or theirs:
@@ -500,16 +502,16 @@ class _Simulation:
                             totals.reconfiguration += own - now - control
                             totals.peer_wait += ready - own
                     self.rails.occupy(req, ready + cost.seconds)  # no sooner than alone; the end is known when it comes
-                planned.append((req, cost, ready))
+                planned.append((req, cost, ready, ncircuits))
                 now = ready + cost.seconds
         if on_rails:  # what a provisioned controller learns next (updated when the op really ends)
             self.prior[s] = max(self.prior[s], now)
         now = start
-        for req, cost, ready in planned:
+        for req, cost, ready, ncircuits in planned:
             if ready > now:
                 now = yield "at", ready
             end = yield "flow", cost
-            if req.ncircuits:
+            if ncircuits:
                 self.rails.occupy(req, end)
             if record:
                 it.event(track, op.label, op.dim.value, now, end - now)
@@ -526,7 +528,8 @@ class _Simulation:
 
     def _prepared(self, op: CommOp, s: int) -> tuple:
         """What op ``op`` at stage ``s`` is, worked out once per simulation (an iteration runs the same few hundred
-        ops tens of thousands of times): its parts' requirements and costs alone, whether it uses the rails,
+        ops tens of thousands of times): its parts' requirements, costs alone and circuit counts, whether it uses
+        the rails,
         how many times its parts run (``count`` back-to-back collectives each check in under Opus's per-op
         rule), its trace track, and whether it gathers the pipeline's stages first."""
         key = (id(op), s)
@@ -539,8 +542,9 @@ class _Simulation:
                           for part, req in enumerate(reqs))
             track = f"stage {s}" if not op.asynchronous else f"stage {s} async {'+'.join(op.group_dims)}"
             gather = isinstance(op, CollectiveOp) and Dim.PP in op.group_dims and self.layout.pp > 1
-            found = self._ops[key] = (reqs, costs, on_rails, repeat, track, gather, op)  # the op held: its id its
-        return found[:6]
+            sizes = tuple(r.ncircuits for r in reqs)
+            found = self._ops[key] = (reqs, costs, sizes, on_rails, repeat, track, gather, op)  # op held: its id its
+        return found[:7]
 
     def _compute(self, it: _Iteration, s: int, op: ComputeOp) -> Generator:
         """A compute op on the emulation host's ``fabric.host_cores`` cores, which every rank's process shares: a

@@ -77,6 +77,9 @@ class Rails:
             return np.zeros(rails)
         half, revoke = self.fabric.rtt / 2, self.fabric.revoke
         busy, held = np.zeros(rails), np.zeros(rails, bool)
+        # provisioned, holders yield their leases as they announce their next phase; with no lease anywhere, no
+        # port is marked (a lease's ports are marked only while it is in ``leased``): the leases are not looked at
+        leases = self.policy.mode is not Mode.PROVISIONED and bool(self.leased)
         for (rail, port), when, lease in ((tx_ports, self.state.tx_busy, self.tx_lease),
                                           (rx_ports, self.state.rx_busy, self.rx_lease)):
             if not len(rail):
@@ -84,8 +87,9 @@ class Rails:
             starts = _rail_runs(rail)  # reduced run by run, then the few runs per rail (no ufunc.at over ports)
             flat = rail * when.shape[1] + port
             np.maximum.at(busy, rail[starts], np.maximum.reduceat(when.reshape(-1)[flat], starts))
-            np.logical_or.at(held, rail[starts], np.logical_or.reduceat(lease.reshape(-1)[flat] >= 0, starts))
-        if self.policy.mode is Mode.PROVISIONED:  # holders yield their leases as they announce their next phase
+            if leases:
+                np.logical_or.at(held, rail[starts], np.logical_or.reduceat(lease.reshape(-1)[flat] >= 0, starts))
+        if self.policy.mode is Mode.PROVISIONED:
             return busy + half
         # revoke: pushed at the decision, the lease ends a revoke round trip later (measured: the holders' acks);
         # a holder inside an op acks when it ends
