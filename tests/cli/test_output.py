@@ -61,3 +61,15 @@ def test_a_quiet_progress_bar_is_a_no_op_without_rich():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_console_made_on_first_use_sees_the_environment_the_cli_started_with():
+    """The consoles are made when first printed to (no rich for ``--json``), yet size themselves as consoles made
+    at start do: ``COLUMNS`` set later (``CliRunner``'s per-invocation env) is read live, not frozen in."""
+    code = ("import os; os.environ.pop('COLUMNS', None)\n"
+            "from lightrail.cli.app import err, out\n"
+            "os.environ['COLUMNS'] = '55'; widths = [out.width, err.width]\n"
+            "os.environ['COLUMNS'] = '77'; widths += [out.width, err.width]\n"
+            "print(widths, out.console._width, 'rich' in __import__('sys').modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.split("]")[0] == "[55, 55, 77, 77" and done.stdout.split()[-2:] == ["None", "True"]

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -43,7 +44,6 @@ lightrail simulate -h                            # a verb's flags
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 """``-h`` as well as ``--help``, as most command-line tools have; click hands it down to every verb."""
-
 
 
 class LeanCommand(TyperCommand):
@@ -105,7 +105,8 @@ class VerbApp(LeanTyper):
             self._registering = False
 
     def load(self, modules: Iterable[str] | None = None) -> None:
-        """Import the verb modules ``modules`` (names under ``lightrail.cli``; None: all of them), once."""
+        """Import the verb modules ``modules`` (names under ``lightrail.cli``; None: all of them); from then on
+        reading the tree imports no more."""
         self._loaded = True
         if modules is None:
             from lightrail.cli import VERB_MODULES
@@ -125,6 +126,29 @@ class VerbApp(LeanTyper):
                                  lambda self, value: setattr(self, "_groups", value))
 
 
+class _StartEnviron(Mapping):
+    """``os.environ`` for a console made on first use, which reads the environment while it is made as it was when
+    the CLI started (its size, colours) and live afterwards, as a console made at start would (``CliRunner``
+    changes ``COLUMNS`` for one invocation in a test process)."""
+
+    AT_START = dict(os.environ)
+
+    def __init__(self):
+        self.making = True
+
+    def _now(self) -> Mapping:
+        return self.AT_START if self.making else os.environ
+
+    def __getitem__(self, key: str) -> str:
+        return self._now()[key]
+
+    def __iter__(self):
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+
 class _LazyConsole:
     """A rich console made on first use (rich costs ~15 ms to import, and ``--json`` prints none): attributes
     are the console's; :attr:`console` is the console itself, for rich objects that take one."""
@@ -136,23 +160,25 @@ class _LazyConsole:
     @property
     def console(self):
         if self._console is None:
-            self._console = self._make()
+            environ = _StartEnviron()
+            self._console = self._make(_environ=environ)
+            environ.making = False
         return self._console
 
     def __getattr__(self, name: str):
         return getattr(self.console, name)
 
 
-def _table_console():
+def _table_console(**kwargs):
     from lightrail.report.format import TableConsole
 
-    return TableConsole()
+    return TableConsole(**kwargs)
 
 
-def _stderr_console():
+def _stderr_console(**kwargs):
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, **kwargs)
 
 
 app = VerbApp(name="lightrail", no_args_is_help=True, context_settings=HELP_OPTIONS, epilog=EXAMPLES,
