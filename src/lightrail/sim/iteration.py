@@ -451,7 +451,7 @@ class _Simulation:
         peer, posted = (s + op.offset if isinstance(op, SendOp) else None), None
         if on_rails and self.fabric.circuits:
             leases = self.policy.leases
-            provisioned = self.policy.mode is Mode.PROVISIONED
+            provisioned, partial = self.policy.mode is Mode.PROVISIONED, self.policy.partial
             rtt, command = self.fabric.rtt, self.fabric.command
             if peer is not None:  # the k-th send of a channel meets its receiver's k-th receive
                 k = it.sends.get((s, peer), 0)
@@ -475,9 +475,13 @@ class _Simulation:
                         ask = min(self.prior[s], now) if provisioned else now  # when the controller learns the phase
                         target = self._pair(req) if peer is not None and leases else req
                         mark = len(self.rails.reconfigs)
-                        known = self.rails.state.known_present(*target.circuits)  # all present: no gather
-                        missing = _NO_CIRCUITS if known else self._missing(target)
-                        lit = self.rails.ensure(target, ask + rtt / 2 + command)
+                        if partial:  # the ports that change say which circuits were missing
+                            lit = self.rails.ensure(target, ask + rtt / 2 + command)
+                            missing = self.rails.missing
+                        else:
+                            known = self.rails.state.known_present(*target.circuits)  # all present: no gather
+                            missing = _NO_CIRCUITS if known else self._missing(target)
+                            lit = self.rails.ensure(target, ask + rtt / 2 + command)
                         if len(self.rails.reconfigs) > mark:
                             self._count_groups(it, missing, self.rails.reconfigs[mark:])
                         # the controller grants at once a rank asking after the switch ended, else at its end plus

@@ -36,6 +36,8 @@ class Rails:
         self.reconfigs: list[tuple[int, float, float, int, str]] = []  # rail, start, end, ports, configuration
         self._rows: dict[str, list[np.ndarray]] = {}  # configuration -> its rows, one object per rail
         self._split: dict = {}  # ids of a requirement's circuit arrays -> (the arrays, its circuits per rail)
+        self.missing: tuple = (np.zeros(0, np.int64),) * 3
+        """The (rail, tx, rx) circuits the last partial reconfiguration lit (those its requirement missed)."""
         self.skip_matters = False
         """Whether a whole-switch rewrite has happened whose op's circuits were all present already (one that
         ``skip_present`` skips): until then, the same run with ``skip_present`` on would have made every decision
@@ -174,6 +176,7 @@ class Rails:
         (tx_rail, tx_port), (rx_rail, rx_port), (m_rail, _, _) = switched
         if not len(m_rail):
             return
+        self.missing = switched[2]
         start = np.maximum(decision, self._free((tx_rail, tx_port), (rx_rail, rx_port), decision))
         self.state.apply(rail, tx, rx, start, switched=switched)
         self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
