@@ -135,7 +135,11 @@ class Rails:
 
     def _switch(self, req: Requirement, decision: float) -> None:
         """The original Opus: rewrite the whole rail switch to the op's configuration (drain the rail)."""
-        for r, tx, rx in self._by_rail(req):
+        by_rail = self._by_rail(req)
+        if ((self.policy.skip_present or all(self.holds[r] == req.phase for r, _, _ in by_rail))
+                and self.state.all_present(*req.circuits)):
+            return  # every rail holds the phase (or may skip) and has the circuits: what the loop finds rail by rail
+        for r, tx, rx in by_rail:
             held = self.holds[r] == req.phase
             if (held or self.policy.skip_present) and self.state.all_present(r, tx, rx):
                 continue  # held and present, or present and skipped (the circuits are looked at only then)
