@@ -42,7 +42,8 @@ def test_sigterm_to_train_demo_leaves_no_process_and_no_state(tmp_path, until):
                              "--json", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, cwd=tmp_path)
     try:
-        until(lambda: sum("spawn_main" in c for c in _session(proc.pid).values()) >= 9, "the ranks to start",
+        # 8 ranks and a spare, forked by the launcher's fork server (whose command line they carry)
+        until(lambda: sum("forkserver" in c for c in _session(proc.pid).values()) >= 1 + 9, "the ranks to start",
               timeout=120)
         controller = next(c for c in _session(proc.pid).values() if "controller serve" in c)
         state = Path(controller.split("--state ")[1].split()[0])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import multiprocessing
 import os
 import secrets
 import signal
@@ -39,6 +38,7 @@ from lightrail.runtime.controller.process import (  # the controller-process hel
     register_job,
     start_controller,
 )
+from lightrail.runtime.launch import process_context
 from lightrail.studies.train_demo import DemoConfig, FailoverRun, Failure, run_demo, run_failover_demo
 from lightrail.studies.train_demo.prediction import (  # the prediction lived here: old paths work
     DEMO_POLICY,
@@ -234,9 +234,9 @@ def run_photonic_demo(config: DemoConfig, *, ocs_delay: float, policy: Policy = 
             backend = torch_backend.BackendConfig(controller=f"127.0.0.1:{info['port']}", job="train-demo",
                                                   layout=layout, plan=plan, token=token)
             init = functools.partial(torch_backend.setup, backend)  # each worker's agent, from its argument
-            reached = multiprocessing.get_context("spawn").Value("i", 0)
+            reached = process_context().Value("i", 0)
             elastic = bool(spares or failure is not None)  # ranks and idle spares; a rank killed; no alternating
-            gate = multiprocessing.get_context("spawn").Value("i", IDLE) if elastic and kills else None
+            gate = process_context().Value("i", IDLE) if elastic and kills else None
             killer = ControllerKiller(proc, info, functools.partial(start, restart=True), kills, after_s, reached,
                                       gate=gate, failure_step=None if failure is None else failure.step,
                                       processes=config.world + spares)
