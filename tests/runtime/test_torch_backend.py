@@ -233,14 +233,14 @@ JSON_KEYS = ["ranks", "tp", "pp", "dp", "steps", "gpus_per_server", "rails", "oc
 """train-demo.json's keys, in order: as before the result was typed, then the wrapper's share (issue 29)."""
 
 
-def _canned(config: DemoConfig, *, ocs_delay_s: float, policy: Policy, **_) -> PhotonicDemoResult:
+def _canned(config: DemoConfig, *, ocs_delay: float, policy: Policy, **_) -> PhotonicDemoResult:
     """A train-demo result without training: the verb's parsing, reporting and files, in milliseconds."""
     mode, leases = policy.mode, policy.leases
     predicted = Prediction(0.11, 0.1, 0.01, 4.0, 4.0, {"exposed_reconfiguration_s": 0.01}, 0.5, 4e-4, leases,
                            "gpipe", switch_grant_latency_s=3e-3, host_cores=2, host_work_s=0.02)
     return PhotonicDemoResult(
         ranks=config.world, tp=config.tp, pp=config.pp, dp=config.dp, steps=config.steps, gpus_per_server=2, rails=2,
-        ocs_delay=ocs_delay_s, mode=mode, leases=leases, gloo_iteration_s=0.1, lightrail_iteration_s=0.12,
+        ocs_delay_s=ocs_delay, mode=mode, leases=leases, gloo_iteration_s=0.1, lightrail_iteration_s=0.12,
         overhead_s=0.02, overhead=0.2, predicted_overhead_s=0.01, model_to_measured_ratio=2.0,
         controller_requests_per_iteration=6.0, ops_under_lease=0.5, revocations_per_iteration=1.0,
         reconfigurations_per_iteration=8.0, reconfigurations_per_rail_per_iteration=4.0, request_latency_p50_s=4e-4,
