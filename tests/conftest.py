@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+try:  # no test asserts a wall-clock time, hypothesis's included: its deadline and too-slow check are timings
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("lightrail", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("lightrail")
+except ImportError:
+    pass
+
 ROOT = Path(__file__).resolve().parent
 PROCESSES = ("runtime", "fl", "moe/test_moe_layer.py", "studies/test_train_demo.py", "studies/test_stragglar_run.py",
              "studies/test_sweep.py", "te/test_service.py", "test_examples.py", "cli/test_hostile_cli.py")
