@@ -23,3 +23,18 @@ def test_one_simulation_per_fabric_and_policy_equal_to_a_fresh_one():
     assert fresh.summary() == first.summary()
     other = runs.run(replace(built.fabric, ocs_delay=0.0), built.policy)
     assert other is not first  # another fabric: its own simulation
+
+
+def test_the_ideal_rail_taken_from_the_zero_delay_run_equals_it_simulated():
+    scenario, base = load_scenario(TINY)
+    built = scenario.build(base)
+    for fabric in (built.fabric, replace(built.fabric, switch_grant_latency=1e-3, ocs_delay=0.05)):
+        runs = JobRuns(built.job)
+        quiet = replace(fabric, check_in_rtt=0.0, command_latency=0.0, revoke_rtt=0.0, ocs_delay=0.0)
+        runs.run(quiet, built.policy)  # the breakdown's zero-delay run, as compare_rails runs it first
+        ideal = runs.run(replace(fabric, kind="ideal"), built.policy)
+        fresh = JobRuns(built.job)(replace(fabric, kind="ideal"), built.policy)
+        assert ideal.fabric == "ideal"
+        assert ideal.summary() == fresh.summary()
+        assert [(e.track, e.name, e.start, e.duration) for e in ideal.events] == \
+            [(e.track, e.name, e.start, e.duration) for e in fresh.events]

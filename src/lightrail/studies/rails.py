@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from lightrail.control.opus import KNOBS, ORIGINAL, OpusPlanner
 from lightrail.control.plan import Mode, Plan, Policy
-from lightrail.fabric.params import RailFabric
+from lightrail.fabric.params import FabricKind, RailFabric
 from lightrail.sim.iteration import IterationResult, OpDurations, simulate_iteration
 from lightrail.sim.trace import chrome_trace
 from lightrail.studies.cost import compare
@@ -49,9 +49,18 @@ class JobRuns:
         """:meth:`__call__`, simulated once per (fabric, policy): the ablation's last row is the scenario's own
         policy in its mode (with the same three counterfactuals), and each simulation is deterministic. A policy
         with ``skip_present`` whose twin without it ran here and never rewrote a rail holding the op's circuits
-        (:attr:`IterationResult.same_with_skip_present`) takes the twin's run: it would decide alike."""
+        (:attr:`IterationResult.same_with_skip_present`) takes the twin's run: it would decide alike. The ideal
+        rail is the photonic rail with no delay, no controller latency and no grant lag (every timing the simulator
+        reads is zero on both): it takes that run, named ideal (the overhead breakdown's zero-delay run)."""
         if isinstance(policy, Plan):
             return self(fabric, policy)
+        if fabric.kind is FabricKind.IDEAL:
+            zero = replace(fabric, kind=FabricKind.PHOTONIC, ocs_delay=0.0, check_in_rtt=0.0, command_latency=0.0,
+                           revoke_rtt=0.0, switch_grant_latency=0.0)
+            key = (fabric, policy)
+            if key not in self._runs:
+                self._runs[key] = replace(self.run(zero, policy), fabric=fabric.kind.value)
+            return self._runs[key]
         key = (fabric, policy)
         if key not in self._runs:
             twin = self._runs.get((fabric, replace(policy, skip_present=False))) if policy.skip_present else None
