@@ -133,6 +133,9 @@ class IterationResult:
     """Per rail, the reconfigurations as a runtime's controller counts them: one per group whose circuits a switch
     changes (the pipeline pairs, the DP rings of the stage that asked), where ``reconfigurations_per_rail``
     counts one per stage's switch."""
+    same_without_drain: bool = field(default=False, repr=False)
+    """A run on rails that drain before switching (``fabric.drain``) whose switches never waited for that: the run
+    on the same rails without draining is this one."""
     same_with_skip_present: bool = field(default=False, repr=False)
     """A whole-switch run without ``skip_present`` that never rewrote a rail whose op's circuits were all there:
     the run with ``skip_present`` on is this one (:meth:`with_policy`)."""
@@ -645,5 +648,6 @@ class _Simulation:
                                controller_requests_per_iteration=mean["requests"], plan=self.plan,
                                group_reconfigurations_per_rail=[it.group_switches.get(r, 0) if self.fabric.circuits
                                                                 else 0 for r in range(len(per_rail))],
+                               same_without_drain=self.fabric.drain and not self.rails.drain_matters,
                                same_with_skip_present=self.plan is not None and not self.rails.skip_matters
                                and not (self.policy.partial or self.policy.skip_present))

@@ -38,6 +38,9 @@ class Rails:
         self._split: dict = {}  # ids of a requirement's circuit arrays -> (the arrays, its circuits per rail)
         self.missing: tuple = (np.zeros(0, np.int64),) * 3
         """The (rail, tx, rx) circuits the last partial reconfiguration lit (those its requirement missed)."""
+        self.drain_matters = False
+        """Whether a switch has waited for its ports to drain (or a lease's revoke): until then, the same run with
+        ``fabric.drain`` off would have started every switch at the same time."""
         self.skip_matters = False
         """Whether a whole-switch rewrite has happened whose op's circuits were all present already (one that
         ``skip_present`` skips): until then, the same run with ``skip_present`` on would have made every decision
@@ -149,7 +152,9 @@ class Rails:
                 continue
             if not held and not self.skip_matters and self.state.all_present(r, tx, rx):
                 self.skip_matters = True  # rewritten, where skip_present would have kept the rail as it is
-            start = max(decision, self._free_rail(r, decision))  # drain the whole rail
+            free = self._free_rail(r, decision)  # drain the whole rail
+            self.drain_matters = self.drain_matters or free > decision
+            start = max(decision, free)
             end, changed = self.state.rewrite(r, new, start)
             self._revoke_rail(r)
             self.holds[r] = req.phase
@@ -181,7 +186,9 @@ class Rails:
         if not len(m_rail):
             return
         self.missing = switched[2]
-        start = np.maximum(decision, self._free((tx_rail, tx_port), (rx_rail, rx_port), decision))
+        free = self._free((tx_rail, tx_port), (rx_rail, rx_port), decision)
+        self.drain_matters = self.drain_matters or bool(np.any(free[m_rail] > decision))
+        start = np.maximum(decision, free)
         self.state.apply(rail, tx, rx, start, switched=switched)
         self._revoke((tx_rail, tx_port), (rx_rail, rx_port))
         counts = np.bincount(m_rail, minlength=len(self.holds))

@@ -49,7 +49,9 @@ class JobRuns:
         """:meth:`__call__`, simulated once per (fabric, policy): the ablation's last row is the scenario's own
         policy in its mode (with the same three counterfactuals), and each simulation is deterministic. A policy
         with ``skip_present`` whose twin without it ran here and never rewrote a rail holding the op's circuits
-        (:attr:`IterationResult.same_with_skip_present`) takes the twin's run: it would decide alike. The ideal
+        (:attr:`IterationResult.same_with_skip_present`) takes the twin's run: it would decide alike; so does a
+        run without draining whose twin with it never waited to drain (:attr:`IterationResult.same_without_drain`,
+        the breakdown's last counterfactual under deferred buckets). The ideal
         rail is the photonic rail with no delay, no controller latency and no grant lag (every timing the simulator
         reads is zero on both): it takes that run, named ideal (the overhead breakdown's zero-delay run)."""
         if isinstance(policy, Plan):
@@ -64,8 +66,11 @@ class JobRuns:
         key = (fabric, policy)
         if key not in self._runs:
             twin = self._runs.get((fabric, replace(policy, skip_present=False))) if policy.skip_present else None
+            drained = self._runs.get((replace(fabric, drain=True), policy)) if not fabric.drain else None
             if twin is not None and twin.same_with_skip_present:  # it never rewrote a rail this policy keeps
                 self._runs[key] = twin.with_policy(policy)
+            elif drained is not None and drained.same_without_drain:  # no switch of it waited for a drain
+                self._runs[key] = drained
             else:
                 self._runs[key] = self(fabric, policy)
         return self._runs[key]
