@@ -206,3 +206,41 @@ def test_waiting_for_a_failover_no_process_announces_ends_in_one_line():
     assert info.value.field == "--spares"
     store.set("notice/1", '{"generation": 1, "rank": 3, "spare": 2, "t_detected": 0.0}')
     assert elastic.notice(1, timeout_s=0.2) == Notice(1, 3, 2, 0.0)
+
+
+@pytest.mark.parametrize("taker", ["spare", "survivor"])
+def test_a_failover_push_sets_its_news_before_the_rank_takes_it_in(taker):
+    """The reader thread fails the requests a failover push makes moot (``interrupt``: the client's news) before
+    it wakes ``Agent.failover``, which ends the news (``forget_holds``) and, in a spare, says hello as the rank it
+    takes over. Woken first, the rank ended the news before it was set, and its next acquire failed with the old
+    push (issue 31's intermittent stall: a spare then said bye as rank 3, releasing the ports its peers' new
+    groups use). A slow interrupt stands in for the reader thread losing the CPU at that moment."""
+    import threading
+    import time as clock
+
+    events = []
+
+    class Client:
+        rank = None
+
+        def interrupt(self, error):
+            clock.sleep(0.2)
+            events.append("news")
+
+        def forget_holds(self):
+            events.append("forgotten")
+
+        def hello(self, world, ports, spare=False):
+            events.append("hello")
+
+    agent = Agent(BackendConfig(layout=LAYOUT))
+    agent.client = Client()
+    agent.rank = None if taker == "spare" else 0
+    push = {"op": "failover", "job": "j", "rank": 3, "spare": 8, "epoch": 1, "ports": {"rail1": 4}}
+    reader = threading.Thread(target=agent._on_push, args=(push,))
+    reader.start()
+    marks = agent.failover(3, 8, spare_index=0, timeout_s=5)
+    reader.join()
+    assert events == (["news", "forgotten", "hello"] if taker == "spare" else ["news", "forgotten"])
+    assert marks["epoch"] == 1 and agent.pending_failure() is None
+    assert agent.moved == {("rail1", 1): 4}  # rank 3 (server 1, rail 1) now on the spare's port

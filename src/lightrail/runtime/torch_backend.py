@@ -252,12 +252,17 @@ class Agent:
         self._client(self.layout.world + index).hello(self.layout.world, spare_ports(self.layout, index), spare=True)
 
     def _on_push(self, message: dict) -> None:
-        """The controller's failover or dead push (reader thread): wake whatever this rank waits for."""
-        with self._pushed:
-            self.pushes.append({**message, "t": time.time()})
-            self._pushed.notify_all()
+        """The controller's failover or dead push (reader thread): fail the requests it makes moot, then wake
+        whatever this rank waits for. In that order: :meth:`failover`, once woken, ends the news
+        (``forget_holds``) and says hello as the rank it takes over; news set after that would fail the rebuilt
+        job's first acquire with this push's error (the rank then stops, and a spare says ``bye`` as the rank
+        it took over, releasing its ports: issue 31's stall after a failover, 1 run in ~60 at load 12)."""
+        t = time.time()
         if message.get("op") in ("failover", "dead"):
             _interrupt(self.client, message)
+        with self._pushed:
+            self.pushes.append({**message, "t": t})
+            self._pushed.notify_all()
 
     def pending_failure(self) -> dict | None:
         """A failover or dead push this rank has not recovered from yet."""
