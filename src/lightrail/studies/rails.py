@@ -47,13 +47,14 @@ class JobRuns:
 
     def run(self, fabric: RailFabric, policy: Policy) -> IterationResult:
         """:meth:`__call__`, simulated once per (fabric, policy): the ablation's last row is the scenario's own
-        policy in its mode (with the same three counterfactuals), and each simulation is deterministic. A policy
-        with ``skip_present`` whose twin without it ran here and never rewrote a rail holding the op's circuits
-        (:attr:`IterationResult.same_with_skip_present`) takes the twin's run: it would decide alike; so does a
-        run without draining whose twin with it never waited to drain (:attr:`IterationResult.same_without_drain`,
-        the breakdown's last counterfactual under deferred buckets). The ideal
-        rail is the photonic rail with no delay, no controller latency and no grant lag (every timing the simulator
-        reads is zero on both): it takes that run, named ideal (the overhead breakdown's zero-delay run)."""
+        policy in its mode (with the same three counterfactuals), and each simulation is deterministic.
+
+        Runs that would decide alike are taken, not simulated again: a policy with ``skip_present`` whose twin
+        without it ran here and never rewrote a rail holding the op's circuits
+        (:attr:`IterationResult.same_with_skip_present`); a run without draining whose twin with it never waited to
+        drain (:attr:`IterationResult.same_without_drain`: the breakdown's last counterfactual under deferred
+        buckets); the ideal rail, which is the photonic rail with no delay, controller latency or grant lag (every
+        timing the simulator reads is zero on both; the breakdown's zero-delay run), named ideal."""
         if isinstance(policy, Plan):
             return self(fabric, policy)
         if fabric.kind is FabricKind.IDEAL:
