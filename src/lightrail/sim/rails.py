@@ -8,6 +8,7 @@ import numpy as np
 
 from lightrail.control.opus import Requirement
 from lightrail.control.plan import Mode, Plan
+from lightrail.fabric.builders import sorted_unique
 from lightrail.fabric.circuits import CircuitState
 from lightrail.fabric.params import RailFabric
 
@@ -173,7 +174,8 @@ class Rails:
         rail, tx, rx = req.circuits
         key = (id(rail), id(tx), id(rx))
         if key not in self._split:
-            self._split[key] = ((rail, tx, rx), [(r, tx[rail == r], rx[rail == r]) for r in np.unique(rail).tolist()])
+            per_rail = [(r, tx[rail == r], rx[rail == r]) for r in sorted_unique(rail).tolist()]
+            self._split[key] = ((rail, tx, rx), per_rail)
         return self._split[key][1]
 
     def _ports(self, req: Requirement, decision: float) -> None:

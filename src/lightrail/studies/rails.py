@@ -372,12 +372,14 @@ class _Ablation:
         self.pool, self.pending = None, {}
 
     def __enter__(self) -> _Ablation:
-        import multiprocessing
         import os
 
         workers = os.cpu_count() or 1
-        if (not self.on or self.runs.job.layout.world < PARALLEL_GPUS or workers < 2
-                or "fork" not in multiprocessing.get_all_start_methods()):
+        if not self.on or self.runs.job.layout.world < PARALLEL_GPUS or workers < 2:
+            return self  # no ablation to fork for (--no-ablation: nor multiprocessing to import, issue 33)
+        import multiprocessing
+
+        if "fork" not in multiprocessing.get_all_start_methods():
             return self
         from concurrent.futures import ProcessPoolExecutor
 
