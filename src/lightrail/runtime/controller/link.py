@@ -337,6 +337,7 @@ class Link:
             except LightrailError as e:  # hello refused: trying again changes nothing
                 _Closer(sock, reader).close()
                 old.close()
+                self._unknown = e.field == "token"  # the controller knows no job with this rank's secret
                 self._give_up(f"the restarted controller at {self.host}:{self.port} refused rank {self.rank}'s "
                               f"hello: {e.message}", field=e.field, fix=e.fix)
                 return None
