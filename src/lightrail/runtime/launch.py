@@ -20,13 +20,17 @@ import json
 import multiprocessing.connection as mp_connection
 import os
 import pickle
+import select
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.managers import SyncManager
 from typing import Any
 
 import torch.distributed as dist
@@ -34,8 +38,8 @@ import torch.multiprocessing as mp
 
 from lightrail.errors import InfeasibleError, LightrailError
 
-__all__ = ["die_with_parent", "free_port", "process_context", "run_processes", "run_elastic", "Elastic", "Notice",
-           "torchrun_layout", "EMULATED_GPUS_PER_SERVER"]
+__all__ = ["die_with", "die_with_parent", "free_port", "process_context", "run_processes", "run_elastic", "Elastic",
+           "Notice", "torchrun_layout", "EMULATED_GPUS_PER_SERVER"]
 
 EMULATED_GPUS_PER_SERVER = 2
 """GPUs per emulated server when every process runs on one machine: small, so that a job of a few processes
@@ -89,6 +93,37 @@ def die_with_parent() -> None:
         _PRCTL(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
+def die_with(pid: int) -> None:
+    """This process is killed (SIGKILL) when process ``pid`` ends, however it ends: a worker watches its launcher,
+    which is not its parent (the fork server is, and it outlives the launcher while any worker holds its keep-alive
+    pipe), so a launcher killed outright takes its workers along (issue 31 item 6). A daemon thread waits on the
+    launcher's pidfd (Linux 5.3+), else polls it every 0.5 s."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(pid):
+                time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name=f"die-with-{pid}", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -104,15 +139,16 @@ def process_context():
     imports torch once (:data:`PRELOAD`), so a worker starts as a fork of it instead of a new interpreter
     importing torch again (1.2 s of CPU each, measured here; a failover run starts 17 such processes on 2 cores).
     As with ``spawn``, a worker shares nothing with its caller but its arguments: the server is a fresh
-    process that has run nothing but those imports (forking the caller itself would copy its threads' locks)."""
+    process that has run nothing but those imports (forking the caller itself would copy its threads' locks).
+    A worker's parent is the server, so it watches its launcher itself (:func:`die_with`)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
 
 
 def _worker(rank: int, n: int, port: int, fn: Callable, args: tuple, results, backend: str = "gloo",
-            init: Callable[[], Any] | None = None, pg_options: Any = None) -> None:
-    die_with_parent()
+            init: Callable[[], Any] | None = None, pg_options: Any = None, launcher: int | None = None) -> None:
+    die_with(launcher if launcher is not None else os.getppid())
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     context = init() if init is not None else None
     options = {} if pg_options is None else {"pg_options": pg_options}
@@ -151,11 +187,14 @@ def run_processes(fn: Callable, n: int, *args, backend: str = "gloo", init: Call
     pg_options : passed to ``init_process_group`` as ``pg_options`` when not None (must pickle).
     """
     ctx = process_context()
-    with ctx.Manager() as manager:
+    launcher = os.getpid()  # the workers and the results' manager die with it (their parent is the fork server)
+    manager = SyncManager(ctx=ctx)
+    manager.start(die_with, (launcher,))
+    with manager:
         results = manager.dict()
         try:
-            mp.start_processes(_worker, args=(n, free_port(), fn, args, results, backend, init, pg_options),
-                               nprocs=n, join=True, start_method="forkserver")
+            mp.start_processes(_worker, args=(n, free_port(), fn, args, results, backend, init, pg_options, launcher),
+                               nprocs=n, join=True, start_method=ctx.get_start_method())
         except (mp.ProcessRaisedException, mp.ProcessExitedException):
             _raise_worker_error(results)  # a rank's peers fail after it (their gloo peer is gone): its error wins
             raise
@@ -214,8 +253,8 @@ class Elastic:
 
 
 def _elastic_worker(proc: int, world: int, spares: int, store_port: int, timeout_s: float, fn: Callable, args: tuple,
-                    init: Callable[[], Any] | None) -> None:
-    die_with_parent()
+                    init: Callable[[], Any] | None, launcher: int) -> None:
+    die_with(launcher)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     elastic = Elastic(store_port, proc, world, spares, timeout_s)
     try:
@@ -241,8 +280,9 @@ def run_elastic(fn: Callable, world: int, spares: int, *args, init: Callable[[],
     and the wall-clock marks the workers recorded (``Elastic.mark``)."""
     ctx = process_context()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    procs = [ctx.Process(target=_elastic_worker, args=(p, world, spares, store.port, timeout_s, fn, args, init),
-                         daemon=True) for p in range(world + spares)]
+    launcher = os.getpid()  # each worker dies with it (its parent is the fork server)
+    procs = [ctx.Process(target=_elastic_worker, args=(p, world, spares, store.port, timeout_s, fn, args, init,
+                                                       launcher), daemon=True) for p in range(world + spares)]
     for p in procs:
         p.start()
     holder = list(range(world))  # logical rank -> process index

@@ -60,6 +60,30 @@ def test_sigterm_to_train_demo_leaves_no_process_and_no_state(tmp_path, until):
         proc.stderr.close()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("extra", [[], ["--spares", "1"]], ids=["processes", "elastic"])
+def test_sigkill_of_train_demo_takes_every_process_along(tmp_path, until, extra):
+    """A launcher killed outright runs no handler: its workers (whose parent is the fork server, not the
+    launcher) watch it and die with it, as do the results' manager and the controller; the fork server, its
+    keep-alive pipe closed by them all, ends too. Both launchers: ``run_processes`` (train-demo alternating
+    replicas) and ``run_elastic`` (with a spare)."""
+    pytest.importorskip("torch")
+    proc = subprocess.Popen([sys.executable, "-m", "lightrail.cli", "train-demo", "--steps", "200", *extra,
+                             "--json", "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, cwd=tmp_path)
+    try:
+        until(lambda: sum("forkserver" in c for c in _session(proc.pid).values()) >= 1 + 8, "the ranks to start",
+              timeout=120)
+        time.sleep(1.0)  # training
+        proc.kill()
+        assert proc.wait(10) == -signal.SIGKILL
+        until(lambda: not _session(proc.pid), "every process of the run to end", timeout=15)
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sigterm_stops_the_controller_cleanly(spawn, tmp_path):
     proc, _ = spawn(tmp_path / "c.db")
     proc.send_signal(signal.SIGTERM)
