@@ -97,31 +97,17 @@ def die_with(pid: int) -> None:
     """This process is killed (SIGKILL) when process ``pid`` ends, however it ends: a worker watches its launcher,
     which is not its parent (the fork server is, and it outlives the launcher while any worker holds its keep-alive
     pipe), so a launcher killed outright takes its workers along (issue 31 item 6). A daemon thread waits on the
-    launcher's pidfd (Linux 5.3+), else polls it every 0.5 s."""
+    launcher's pidfd (Linux 5.3+); elsewhere, nothing, as :func:`die_with_parent`."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
-        fd = None
+        return
 
     def watch() -> None:
-        if fd is not None:
-            select.select([fd], [], [])
-        else:
-            while _alive(pid):
-                time.sleep(0.5)
+        select.select([fd], [], [])
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name=f"die-with-{pid}", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def free_port() -> int:
