@@ -142,3 +142,9 @@ def test_one_atomic_writer():
 def test_every_known_exception_is_still_there(edge):
     """An exception that was fixed comes off the list (so it cannot come back unseen)."""
     assert edge in set(IMPORTS), f"{edge} no longer imported: remove it from KNOWN"
+
+
+def test_no_source_file_is_over_600_lines():
+    """A room with two jobs becomes two rooms (DESIGN.md; issue 32): no module of the package passes 600 lines."""
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
