@@ -18,6 +18,15 @@ from lightrail.runtime.controller.ranks import Conn, RankServer
 def _line(**message) -> bytes:
     return json.dumps(message).encode()
 
+def _said_hello(server: RankServer, token: str, peer: str, rank: int, rail: str) -> Conn:
+    """A new connection of job j's ``rank`` (world 3, its port ``rank`` on ``rail``) that said hello."""
+    new = Conn(FakeWriter(), peer, 0.0, 0.0)
+    server.open.add(new)
+    server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={rail: rank}, token=token))
+    assert new.writer.out[-1]["ok"]
+    return new
+
+
 
 def test_a_rehello_on_a_new_connection_drops_the_old_ones_lease(make):
     async def run():
@@ -178,12 +187,7 @@ def test_a_lease_holder_back_alone_rejoins_the_lease_its_peer_still_holds(make):
         token = c.register_job("j", 3)
 
         def conn(peer: str, rank: int) -> Conn:
-            new = Conn(FakeWriter(), peer, 0.0, 0.0)
-            server.open.add(new)
-            server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail1": rank},
-                                      token=token))
-            assert new.writer.out[-1]["ok"]
-            return new
+            return _said_hello(server, token, peer, rank, "rail1")
 
         conns = {r: conn(f"peer:{r}", r) for r in (1, 2)}
         server.request(conns[1], _line(id=2, op="group", job="j", key="c", members=[1, 2],
@@ -238,12 +242,7 @@ def test_a_grant_lost_with_the_replaced_connection_rejoins_its_round(make):
         token = c.register_job("j", 3)
 
         def conn(peer: str, rank: int) -> Conn:
-            new = Conn(FakeWriter(), peer, 0.0, 0.0)
-            server.open.add(new)
-            server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail0": rank},
-                                      token=token))
-            assert new.writer.out[-1]["ok"]
-            return new
+            return _said_hello(server, token, peer, rank, "rail0")
 
         conns = {r: conn(f"peer:{r}", r) for r in (0, 2)}
         server.request(conns[0], _line(id=2, op="group", job="j", key="b", members=[0, 2],
@@ -274,11 +273,7 @@ def test_both_grants_lost_both_rejoin(make):
         token = c.register_job("j", 3)
 
         def conn(peer: str, rank: int) -> Conn:
-            new = Conn(FakeWriter(), peer, 0.0, 0.0)
-            server.open.add(new)
-            server.request(new, _line(id=1, op="hello", job="j", rank=rank, world=3, ports={"rail0": rank},
-                                      token=token))
-            return new
+            return _said_hello(server, token, peer, rank, "rail0")
 
         conns = {r: conn(f"peer:{r}", r) for r in (0, 2)}
         server.request(conns[0], _line(id=2, op="group", job="j", key="b", members=[0, 2],
